@@ -1,0 +1,180 @@
+//! The per-second timing wheel: a circular array of buckets, one per tick (second).
+//!
+//! Geometry: `n_buckets = max_ttl_s + 2`. A key whose deadline is `d` ms lives in the bucket of
+//! tick `ceil(d / 1000)`. The wheel remembers the last tick it has handed out (`swept_through`,
+//! written `s` below); the ticks it can hold are exactly `s + 1 ..= s + n_buckets`, which map to
+//! `n_buckets` distinct buckets, so two live ticks never share a bucket.
+//!
+//! Why `+ 2`: a heartbeat at time `now` (with `s = floor(now_s) - 1` while the sweeper is on
+//! time) asks for at most tick `floor(now_s) + 1 + max_ttl_s = s + n_buckets`: in range. A sweeper
+//! that fell behind makes `s` smaller; the owner clamps later ticks to `s + n_buckets` (see
+//! [`TimingWheel::clamp`]) and re-files the key when that bucket comes due, so nothing expires
+//! early and no bucket is ever skipped.
+//!
+//! Costs: insert and remove are O(1) (a bucket is a `Vec` of slot ids and each key remembers its
+//! position in it: removal is a `swap_remove` whose moved element is reported back so the owner
+//! can fix that key's position). Detaching the due bucket is O(1) (`mem::take`); the owner then
+//! spends work only on the slots it finds there.
+//!
+//! The wheel is pure: it is handed ticks, never reads a clock, knows nothing of keys. Its owner
+//! (`registry::shard`) keeps each key's `(tick, pos)` and must call [`TimingWheel::remove`] only
+//! for a tick the wheel still holds ([`TimingWheel::holds`]); slots of detached buckets belong to
+//! the sweeper.
+
+/// Index of an entry in its shard's slot table.
+pub type SlotId = u32;
+/// Seconds since the registry's epoch. `u32` lasts 136 years.
+pub type Tick = u32;
+
+/// One bucket per tick in a circular array; see the module documentation for the geometry.
+#[derive(Debug)]
+pub struct TimingWheel {
+    /// `buckets[tick % n_buckets]` holds the slots scheduled at `tick`, in no particular order.
+    /// Invariant: every slot in a bucket was placed there for a tick in `swept_through + 1 ..=
+    /// swept_through + n_buckets`, and its owner records that tick and its position.
+    buckets: Box<[Vec<SlotId>]>,
+    /// The last tick whose bucket was detached. Ticks up to it are in the sweeper's hands.
+    swept_through: Tick,
+}
+
+impl TimingWheel {
+    /// A wheel for TTLs up to `max_ttl_s` seconds, starting with every tick up to `start`
+    /// already swept.
+    pub fn new(max_ttl_s: u32, start: Tick) -> Self {
+        let n_buckets = max_ttl_s as usize + 2;
+        Self {
+            buckets: (0..n_buckets).map(|_| Vec::new()).collect(),
+            swept_through: start,
+        }
+    }
+
+    pub fn n_buckets(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// The last tick whose bucket was detached.
+    pub fn swept_through(&self) -> Tick {
+        self.swept_through
+    }
+
+    /// The tick whose bucket holds a deadline of `deadline_ms` (ms since the epoch): `ceil(d/1000)`.
+    pub fn tick_of(deadline_ms: u64) -> Tick {
+        let tick = deadline_ms.div_ceil(1000);
+        Tick::try_from(tick).unwrap_or(Tick::MAX)
+    }
+
+    /// Brings `tick` into the range the wheel can hold: never before the next tick to sweep (a
+    /// deadline already due is swept next), never past the horizon (the key is re-filed then).
+    pub fn clamp(&self, tick: Tick) -> Tick {
+        let horizon = self.swept_through.saturating_add(self.n_buckets() as Tick);
+        tick.clamp(self.swept_through + 1, horizon)
+    }
+
+    /// Whether `tick`'s bucket is still in the wheel (not yet detached by the sweeper).
+    pub fn holds(&self, tick: Tick) -> bool {
+        tick > self.swept_through
+    }
+
+    /// Adds `slot` to the bucket of `tick` (which must be in range: see [`Self::clamp`]) and
+    /// returns its position there.
+    pub fn insert(&mut self, tick: Tick, slot: SlotId) -> u32 {
+        debug_assert_eq!(self.clamp(tick), tick, "tick {tick} outside the wheel");
+        let bucket = self.bucket_mut(tick);
+        bucket.push(slot);
+        (bucket.len() - 1) as u32
+    }
+
+    /// Removes the slot at `pos` in the bucket of `tick`. Returns the slot that was moved into
+    /// `pos` to fill the hole, if any: its owner must record its new position.
+    pub fn remove(&mut self, tick: Tick, pos: u32) -> Option<SlotId> {
+        debug_assert!(self.holds(tick), "tick {tick} was already detached");
+        let bucket = self.bucket_mut(tick);
+        let pos = pos as usize;
+        bucket.swap_remove(pos);
+        bucket.get(pos).copied()
+    }
+
+    /// Detaches the bucket of the next tick, `swept_through + 1`, in O(1), and returns that tick
+    /// with the slots that were scheduled at it.
+    pub fn detach_next(&mut self) -> (Tick, Vec<SlotId>) {
+        self.swept_through += 1;
+        let tick = self.swept_through;
+        (tick, std::mem::take(self.bucket_mut(tick)))
+    }
+
+    /// Number of slots in the bucket of `tick` (for tests and debug checks).
+    pub fn bucket_len(&self, tick: Tick) -> usize {
+        self.buckets[self.bucket_idx(tick)].len()
+    }
+
+    fn bucket_idx(&self, tick: Tick) -> usize {
+        tick as usize % self.buckets.len()
+    }
+
+    fn bucket_mut(&mut self, tick: Tick) -> &mut Vec<SlotId> {
+        let bucket_idx = self.bucket_idx(tick);
+        &mut self.buckets[bucket_idx]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tick_of_rounds_up_to_the_next_second() {
+        let check =
+            |deadline_ms: u64, tick: Tick| assert_eq!(TimingWheel::tick_of(deadline_ms), tick);
+        check(0, 0);
+        check(1, 1);
+        check(999, 1);
+        check(1000, 1);
+        check(1001, 2);
+        check(3_600_000, 3600);
+    }
+
+    #[test]
+    fn clamp_keeps_ticks_between_the_next_sweep_and_the_horizon() {
+        let wheel = TimingWheel::new(10, 100); // 12 buckets, holds 101..=112
+        let check = |tick: Tick, expect: Tick| assert_eq!(wheel.clamp(tick), expect, "tick {tick}");
+        check(50, 101);
+        check(100, 101);
+        check(101, 101);
+        check(112, 112);
+        check(113, 112);
+        check(Tick::MAX, 112);
+    }
+
+    #[test]
+    fn the_first_and_last_bucket_of_the_horizon_are_distinct() {
+        let mut wheel = TimingWheel::new(10, 100);
+        wheel.insert(101, 1);
+        wheel.insert(112, 2);
+        assert_eq!(wheel.bucket_len(101), 1);
+        assert_eq!(wheel.bucket_len(112), 1);
+        assert_eq!(wheel.detach_next(), (101, vec![1]));
+    }
+
+    #[test]
+    fn remove_reports_the_slot_that_filled_the_hole() {
+        let mut wheel = TimingWheel::new(10, 0);
+        assert_eq!(wheel.insert(5, 10), 0);
+        assert_eq!(wheel.insert(5, 11), 1);
+        assert_eq!(wheel.insert(5, 12), 2);
+        assert_eq!(wheel.remove(5, 0), Some(12));
+        assert_eq!(wheel.remove(5, 1), None); // 11 was last: nothing moves
+        assert_eq!(wheel.bucket_len(5), 1);
+    }
+
+    #[test]
+    fn detaching_walks_every_tick_in_order_across_the_wrap_around() {
+        let mut wheel = TimingWheel::new(1, 0); // 3 buckets
+        for expected in 1..=10 {
+            let tick = wheel.clamp(expected + 2);
+            wheel.insert(tick, tick);
+            let (detached, slots) = wheel.detach_next();
+            assert_eq!(detached, expected);
+            assert!(slots.iter().all(|&slot| slot == expected), "{slots:?}");
+        }
+    }
+}

@@ -1,0 +1,264 @@
+//! The per-shard structures behind the liveness lists: an ordered index of alive keys and a
+//! bounded log of recently expired ones.
+//!
+//! Both are updated on registration, expiry and deletion only, never on a renewal, so the
+//! heartbeat hot path does not pay for them. A page is a range scan from the cursor: O(log n + page)
+//! per shard, whatever the number of keys.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::ops::Bound;
+
+use super::services::ServiceId;
+use crate::types::{Key, Meta};
+
+/// What a page asks for. Keys are returned in byte order of their UTF-8 text.
+#[derive(Clone, Debug, Default)]
+pub struct ListFilter {
+    pub service: Option<ServiceId>,
+    pub prefix: Option<String>,
+    /// Only keys strictly after this one (the cursor of the previous page).
+    pub after: Option<String>,
+}
+
+impl ListFilter {
+    /// The lowest key the scan may start at.
+    fn start(&self) -> Bound<Key> {
+        let prefix = self.prefix.as_deref().unwrap_or("");
+        match self.after.as_deref() {
+            Some(after) if after >= prefix => key_bound(after, Bound::Excluded),
+            _ => key_bound(prefix, Bound::Included),
+        }
+    }
+
+    /// Whether the scan may stop at `key`: no later key can match the prefix.
+    fn past_prefix(&self, key: &Key) -> bool {
+        self.prefix
+            .as_deref()
+            .is_some_and(|prefix| !key.as_str().starts_with(prefix) && key.as_str() > prefix)
+    }
+}
+
+/// A key as a range bound; text that is not a valid key (empty, say) bounds nothing.
+fn key_bound(text: &str, bound: fn(Key) -> Bound<Key>) -> Bound<Key> {
+    Key::new(text).map_or(Bound::Unbounded, bound)
+}
+
+/// Alive keys in order, overall and per service.
+#[derive(Debug, Default)]
+pub(super) struct OrderedIndex {
+    by_key: BTreeSet<Key>,
+    /// Only keys that have a service.
+    by_service: BTreeSet<(ServiceId, Key)>,
+}
+
+impl OrderedIndex {
+    pub fn insert(&mut self, key: &Key, service: ServiceId) {
+        self.by_key.insert(key.clone());
+        if !service.is_none() {
+            self.by_service.insert((service, key.clone()));
+        }
+    }
+
+    pub fn remove(&mut self, key: &Key, service: ServiceId) {
+        self.by_key.remove(key);
+        if !service.is_none() {
+            self.by_service.remove(&(service, key.clone()));
+        }
+    }
+
+    /// Keys matching `filter` in order, from the cursor on, for the caller to take from.
+    pub fn scan<'a>(&'a self, filter: &'a ListFilter) -> Box<dyn Iterator<Item = &'a Key> + 'a> {
+        let start = filter.start();
+        let keys: Box<dyn Iterator<Item = &Key>> = match filter.service {
+            None => Box::new(self.by_key.range((start, Bound::Unbounded))),
+            Some(service) => {
+                let low = match start {
+                    Bound::Included(key) => Bound::Included((service, key)),
+                    Bound::Excluded(key) => Bound::Excluded((service, key)),
+                    // " " is the smallest valid key: control characters are refused.
+                    Bound::Unbounded => {
+                        Bound::Included((service, Key::new(" ").expect("valid key")))
+                    }
+                };
+                let range = self.by_service.range((low, Bound::Unbounded));
+                Box::new(
+                    range
+                        .take_while(move |(id, _)| *id == service)
+                        .map(|(_, key)| key),
+                )
+            }
+        };
+        Box::new(
+            keys.take_while(|key| !filter.past_prefix(key))
+                .filter(|key| {
+                    filter
+                        .prefix
+                        .as_deref()
+                        .is_none_or(|prefix| key.as_str().starts_with(prefix))
+                }),
+        )
+    }
+}
+
+/// What is kept of an expired key.
+#[derive(Clone, Debug)]
+pub struct ExpiredRecord {
+    pub service: ServiceId,
+    pub meta: Option<Meta>,
+    /// Epoch ms.
+    pub last_heartbeat_ms: u64,
+    /// Epoch ms.
+    pub expired_ms: u64,
+}
+
+/// Recently expired keys, kept for a retention time and up to a count.
+#[derive(Debug)]
+pub(super) struct ExpiredLog {
+    by_key: BTreeMap<Key, ExpiredRecord>,
+    /// Expiries oldest first. May hold entries whose key was re-registered or expired again
+    /// since; those are skipped when they reach the front. Its length is what `max_len` bounds.
+    order: VecDeque<(u64, Key)>,
+    retention_ms: u64,
+    max_len: usize,
+    /// Records per service, for the services overview.
+    by_service: BTreeMap<ServiceId, u32>,
+}
+
+impl ExpiredLog {
+    pub fn new(retention_ms: u64, max_len: usize) -> Self {
+        Self {
+            by_key: BTreeMap::new(),
+            order: VecDeque::new(),
+            retention_ms,
+            max_len,
+            by_service: BTreeMap::new(),
+        }
+    }
+
+    pub fn record(&mut self, key: Key, record: ExpiredRecord) {
+        if self.max_len == 0 {
+            return;
+        }
+        let expired_ms = record.expired_ms;
+        *self.by_service.entry(record.service).or_default() += 1;
+        if let Some(old) = self.by_key.insert(key.clone(), record) {
+            self.uncount(old.service);
+        }
+        self.order.push_back((expired_ms, key));
+        self.prune(expired_ms);
+    }
+
+    /// Forgets `key` (it was registered again).
+    pub fn forget(&mut self, key: &Key) {
+        if let Some(old) = self.by_key.remove(key) {
+            self.uncount(old.service);
+        }
+    }
+
+    /// Drops records older than the retention time, and the oldest past the count bound.
+    pub fn prune(&mut self, now_ms: u64) {
+        while let Some((expired_ms, _)) = self.order.front() {
+            let too_old = expired_ms.saturating_add(self.retention_ms) <= now_ms;
+            if !too_old && self.order.len() <= self.max_len {
+                break;
+            }
+            let (expired_ms, key) = self.order.pop_front().expect("front exists");
+            if self
+                .by_key
+                .get(&key)
+                .is_some_and(|record| record.expired_ms == expired_ms)
+            {
+                let record = self.by_key.remove(&key).expect("present");
+                self.uncount(record.service);
+            }
+        }
+    }
+
+    pub fn count_for(&self, service: ServiceId) -> u32 {
+        self.by_service.get(&service).copied().unwrap_or(0)
+    }
+
+    pub fn scan<'a>(
+        &'a self,
+        filter: &'a ListFilter,
+    ) -> impl Iterator<Item = (&'a Key, &'a ExpiredRecord)> + 'a {
+        self.by_key
+            .range((filter.start(), Bound::Unbounded))
+            .take_while(|(key, _)| !filter.past_prefix(key))
+            .filter(|(key, record)| {
+                filter
+                    .prefix
+                    .as_deref()
+                    .is_none_or(|prefix| key.as_str().starts_with(prefix))
+                    && filter
+                        .service
+                        .is_none_or(|service| record.service == service)
+            })
+    }
+
+    fn uncount(&mut self, service: ServiceId) {
+        if let Some(count) = self.by_service.get_mut(&service) {
+            *count -= 1;
+            if *count == 0 {
+                self.by_service.remove(&service);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(index: &OrderedIndex, filter: &ListFilter) -> Vec<String> {
+        index.scan(filter).map(|key| key.to_string()).collect()
+    }
+
+    #[test]
+    fn scans_respect_prefix_cursor_and_service() {
+        let mut index = OrderedIndex::default();
+        let web = ServiceId::default();
+        for key in ["a", "ab", "abc", "b", "ba"] {
+            index.insert(&Key::new(key).unwrap(), web);
+        }
+        let filter = |prefix: Option<&str>, after: Option<&str>| ListFilter {
+            service: None,
+            prefix: prefix.map(String::from),
+            after: after.map(String::from),
+        };
+        assert_eq!(
+            keys(&index, &filter(None, None)),
+            ["a", "ab", "abc", "b", "ba"]
+        );
+        assert_eq!(keys(&index, &filter(Some("a"), None)), ["a", "ab", "abc"]);
+        assert_eq!(keys(&index, &filter(Some("a"), Some("ab"))), ["abc"]);
+        assert_eq!(keys(&index, &filter(Some("b"), Some("a"))), ["b", "ba"]);
+        assert_eq!(keys(&index, &filter(None, Some("b"))), ["ba"]);
+        assert_eq!(keys(&index, &filter(Some("c"), None)), Vec::<String>::new());
+    }
+
+    #[test]
+    fn expired_log_prunes_by_age_and_count() {
+        let mut log = ExpiredLog::new(1_000, 2);
+        let record = |expired_ms| ExpiredRecord {
+            service: ServiceId::NONE,
+            meta: None,
+            last_heartbeat_ms: 0,
+            expired_ms,
+        };
+        log.record(Key::new("a").unwrap(), record(10));
+        log.record(Key::new("b").unwrap(), record(20));
+        log.record(Key::new("c").unwrap(), record(30));
+        let listed = |log: &ExpiredLog| {
+            log.scan(&ListFilter::default())
+                .map(|(key, _)| key.to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(listed(&log), ["b", "c"], "count bound drops the oldest");
+        log.prune(1_020);
+        assert_eq!(listed(&log), ["c"], "b is 1 s old at 1020");
+        log.forget(&Key::new("c").unwrap());
+        assert_eq!(listed(&log), Vec::<String>::new());
+        assert_eq!(log.count_for(ServiceId::NONE), 0);
+    }
+}

@@ -1,0 +1,643 @@
+//! The registry: every key, its metadata and its deadline, behind one door.
+//!
+//! This is the only code that touches the timing wheel and the deadline heap, and the only
+//! place keys are created, renewed, expired or deleted. Everything else (the HTTP API, the
+//! ticker, later persistence and replication) goes through [`Registry`]'s methods, each of which
+//! takes the current time as an argument instead of reading a clock, so tests drive time.
+//!
+//! Layout: keys are spread over [`Shard`]s by hash; each shard has its own index, wheel and heap
+//! behind one `parking_lot::Mutex` (a std-style mutex, not a tokio one: nothing awaits while it is
+//! held, and critical sections are a few hundred nanoseconds). A renewal therefore takes one
+//! uncontended lock and does O(1) work. The sweeper walks the shards one bounded chunk at a time
+//! ([`Registry::sweep`]), so a mass expiry never holds a lock for long.
+//!
+//! Semantics are Redis 7's EXPIRE / PEXPIREAT / TTL / PERSIST / DEL, with one addition: a key
+//! whose deadline has passed is expired on the spot by whichever operation touches it first
+//! (exactly one `expired` event either way).
+
+mod listing;
+mod services;
+mod shard;
+
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use foldhash::fast::RandomState;
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+pub use listing::{ExpiredRecord, ListFilter};
+pub use services::{ServiceId, MAX_SERVICES};
+
+use crate::clock::Clock;
+use crate::events::{EventBus, EventReceiver};
+use crate::expiry::wheel::{SlotId, Tick};
+use crate::expiry::TimerKind;
+use crate::types::{InvalidInput, Key, Meta, ServiceName, Ttl, MAX_TTL_MS};
+use services::ServiceTable;
+use shard::{EntryView, Shard};
+
+/// Slots a sweep handles per lock acquisition: about 0.3 ms of work, so heartbeats to the same
+/// shard wait at most that long behind a mass expiry.
+pub const SWEEP_CHUNK: usize = 2048;
+
+/// Tunables of the registry.
+#[derive(Clone, Debug)]
+pub struct RegistryConfig {
+    /// Longest TTL the wheel holds, in seconds; longer ones go to the heap.
+    pub max_ttl_s: u32,
+    /// Number of shards (rounded up to a power of two).
+    pub shards: usize,
+    /// Keep the ordered index that `list` pages through. Only the bare-engine benchmarks turn
+    /// it off.
+    pub listing: bool,
+    /// How long expired keys stay listable.
+    pub expired_retention_ms: u64,
+    /// How many expired keys stay listable at most (spread evenly over the shards).
+    pub expired_max: usize,
+}
+
+impl Default for RegistryConfig {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(2, usize::from);
+        Self {
+            max_ttl_s: 3600,
+            shards: (cores * 8).clamp(8, 256),
+            listing: true,
+            expired_retention_ms: 3_600_000,
+            expired_max: 100_000,
+        }
+    }
+}
+
+/// A registration or renewal.
+#[derive(Clone, Debug)]
+pub struct Heartbeat {
+    pub key: Key,
+    pub ttl: Ttl,
+    /// `None` keeps the stored service (or none, for a new key).
+    pub service: Option<ServiceName>,
+    /// `None` keeps the stored metadata.
+    pub meta: Option<Meta>,
+}
+
+/// What a heartbeat did. Times are Unix ms.
+#[derive(Clone, Debug)]
+pub struct HeartbeatOutcome {
+    pub created: bool,
+    pub service: Option<ServiceName>,
+    pub ttl_ms: u64,
+    pub expires_at_ms: u64,
+    pub timer: TimerKind,
+}
+
+/// A snapshot of an alive key. Times are Unix ms.
+#[derive(Clone, Debug)]
+pub struct KeyView {
+    pub key: Key,
+    pub service: Option<ServiceName>,
+    pub meta: Option<Meta>,
+    /// `None` when the key has no TTL (after PERSIST).
+    pub ttl_ms: Option<u64>,
+    pub expires_in_ms: Option<u64>,
+    pub expires_at_ms: Option<u64>,
+    pub registered_at_ms: u64,
+    pub last_heartbeat_at_ms: u64,
+    pub timer: Option<TimerKind>,
+}
+
+/// A recently expired key. Times are Unix ms.
+#[derive(Clone, Debug)]
+pub struct ExpiredView {
+    pub key: Key,
+    pub service: Option<ServiceName>,
+    pub meta: Option<Meta>,
+    pub last_heartbeat_at_ms: u64,
+    pub expired_at_ms: u64,
+}
+
+/// The answer to TTL / PTTL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyState {
+    /// Redis's -2.
+    Missing,
+    /// Redis's -1.
+    Persistent,
+    /// Remaining milliseconds, from the exact deadline.
+    ExpiresIn(u64),
+}
+
+/// The new deadline of an EXPIRE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpireAt {
+    /// EXPIRE / PEXPIRE: milliseconds from now; zero or less deletes the key.
+    In(i64),
+    /// PEXPIREAT: a Unix time in ms; one in the past deletes the key.
+    AtUnixMs(i64),
+}
+
+/// EXPIRE's NX / XX / GT / LT. A key without a TTL counts as an infinite TTL for GT and LT.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpireCondition {
+    /// Only if the key has no TTL.
+    Nx,
+    /// Only if the key has a TTL.
+    Xx,
+    /// Only if the new deadline is later than the current one.
+    Gt,
+    /// Only if the new deadline is earlier than the current one.
+    Lt,
+}
+
+impl ExpireCondition {
+    /// Redis 7's `expireGenericCommand` checks, with `current` `None` for "no TTL".
+    fn allows(self, current: Option<u64>, target_ms: i64) -> bool {
+        match (self, current) {
+            (Self::Nx, current) => current.is_none(),
+            (Self::Xx, current) => current.is_some(),
+            (Self::Gt, None) => false,
+            (Self::Gt, Some(current)) => target_ms > current as i64,
+            (Self::Lt, None) => true,
+            (Self::Lt, Some(current)) => target_ms < current as i64,
+        }
+    }
+}
+
+/// What an EXPIRE did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpireOutcome {
+    NotFound,
+    /// The condition failed; `ttl_ms` is the unchanged remaining TTL (`None`: no TTL).
+    NotApplied {
+        ttl_ms: Option<u64>,
+    },
+    Applied {
+        ttl_ms: u64,
+    },
+    /// The new deadline was not in the future: the key was deleted.
+    Deleted,
+}
+
+/// Why the registry refused an operation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryError {
+    #[error(transparent)]
+    Invalid(#[from] InvalidInput),
+    #[error("too many distinct service names (at most {MAX_SERVICES})")]
+    TooManyServices,
+}
+
+/// How far a call to [`Registry::sweep`] got.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    pub n_expired: usize,
+    /// True when the budget ran out with due keys left: call again (after yielding).
+    pub more: bool,
+}
+
+/// Per-service counts for the services overview.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceCounts {
+    pub service: ServiceName,
+    pub alive: u64,
+    pub expired: u64,
+}
+
+/// Everything one shard operation needs besides the shard.
+struct Ctx<'a> {
+    config: &'a RegistryConfig,
+    clock: &'a Clock,
+    services: &'a ServiceTable,
+    events: &'a EventBus,
+}
+
+/// A shard on its own cache lines, so that two cores locking neighbouring shards do not
+/// contend on one line.
+#[repr(align(128))]
+struct PaddedShard(Mutex<Shard>);
+
+/// The sweeper's progress through a tick whose buckets it has detached.
+#[derive(Debug, Default)]
+struct SweepState {
+    /// The detached buckets not yet fully processed: `(shard index, slots, next offset)`.
+    pending: Vec<(usize, Vec<SlotId>, usize)>,
+    /// The tick those buckets belong to.
+    tick: Tick,
+}
+
+/// The registry. See the module documentation.
+pub struct Registry {
+    config: RegistryConfig,
+    clock: Clock,
+    hasher: RandomState,
+    shards: Box<[PaddedShard]>,
+    services: ServiceTable,
+    events: EventBus,
+    /// Only the ticker sweeps; the mutex makes a second sweeper wait rather than corrupt state.
+    sweep_state: Mutex<SweepState>,
+    /// The last tick whose buckets were fully processed in every shard.
+    swept_through: AtomicU32,
+    /// The heap deadline (epoch ms) the ticker sleeps until; an earlier one wakes it.
+    heap_wakeup_ms: AtomicU64,
+    wakeup: Notify,
+}
+
+impl Registry {
+    /// A registry whose time starts at `epoch`.
+    pub fn new(config: RegistryConfig, epoch: Instant) -> Self {
+        Self::with_clock(config, Clock::new(epoch))
+    }
+
+    /// A registry on a given clock (tests pin the wall clock this way).
+    pub fn with_clock(mut config: RegistryConfig, clock: Clock) -> Self {
+        config.shards = config.shards.max(1).next_power_of_two();
+        let hasher = RandomState::default();
+        let services = ServiceTable::default();
+        let events = EventBus::default();
+        let expired_per_shard = config.expired_max.div_ceil(config.shards);
+        let ctx = Ctx {
+            config: &config,
+            clock: &clock,
+            services: &services,
+            events: &events,
+        };
+        let shards = (0..config.shards)
+            .map(|_| {
+                PaddedShard(Mutex::new(Shard::new(
+                    &ctx,
+                    hasher,
+                    expired_per_shard,
+                )))
+            })
+            .collect();
+        Self {
+            config,
+            clock,
+            hasher,
+            shards,
+            services,
+            events,
+            sweep_state: Mutex::new(SweepState::default()),
+            swept_through: AtomicU32::new(0),
+            heap_wakeup_ms: AtomicU64::new(u64::MAX),
+            wakeup: Notify::new(),
+        }
+    }
+
+    pub fn config(&self) -> &RegistryConfig {
+        &self.config
+    }
+
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// A new subscriber to expiry and deletion events.
+    pub fn subscribe(&self) -> EventReceiver {
+        self.events.subscribe()
+    }
+
+    pub fn events(&self) -> &EventBus {
+        &self.events
+    }
+
+    /// Keys currently indexed (alive, or due and not yet swept).
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|shard| shard.0.lock().len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Registers or renews a key.
+    pub fn heartbeat(
+        &self,
+        heartbeat: Heartbeat,
+        now: Instant,
+    ) -> Result<HeartbeatOutcome, RegistryError> {
+        let service = match &heartbeat.service {
+            Some(name) => Some(
+                self.services
+                    .intern(name)
+                    .map_err(|_| RegistryError::TooManyServices)?,
+            ),
+            None => None,
+        };
+        let ttl_ms = heartbeat.ttl.as_millis();
+        let (hash, shard) = self.shard_of(&heartbeat.key);
+        let renewal = {
+            let ctx = self.ctx();
+            let mut shard = shard.lock();
+            shard.heartbeat(
+                hash,
+                &heartbeat.key,
+                ttl_ms,
+                service,
+                heartbeat.meta,
+                &ctx,
+                now,
+            )
+        };
+        if renewal.timer == TimerKind::Heap {
+            self.wake_for_heap_deadline(renewal.deadline_ms);
+        }
+        Ok(HeartbeatOutcome {
+            created: renewal.created,
+            service: match heartbeat.service {
+                Some(name) => Some(name),
+                None => self.services.name(renewal.service),
+            },
+            ttl_ms,
+            expires_at_ms: self.clock.unix_ms(renewal.deadline_ms),
+            timer: renewal.timer,
+        })
+    }
+
+    /// The alive key, if any.
+    pub fn get(&self, key: &Key, now: Instant) -> Option<KeyView> {
+        let view = self.with_shard(key, |hash, shard, ctx| shard.view(hash, key, ctx, now))?;
+        Some(self.display(view, now))
+    }
+
+    /// TTL / PTTL.
+    pub fn state(&self, key: &Key, now: Instant) -> KeyState {
+        self.with_shard(key, |hash, shard, ctx| shard.state(hash, key, ctx, now))
+    }
+
+    /// PERSIST: `None` when the key is missing, else whether a TTL was removed.
+    pub fn persist(&self, key: &Key, now: Instant) -> Option<bool> {
+        self.with_shard(key, |hash, shard, ctx| shard.persist(hash, key, ctx, now))
+    }
+
+    /// DEL: whether the key existed. Publishes a `deleted` event.
+    pub fn delete(&self, key: &Key, now: Instant) -> bool {
+        self.with_shard(key, |hash, shard, ctx| shard.delete(hash, key, ctx, now))
+    }
+
+    /// EXPIRE / PEXPIRE / PEXPIREAT with an optional condition.
+    pub fn expire(
+        &self,
+        key: &Key,
+        at: ExpireAt,
+        condition: Option<ExpireCondition>,
+        now: Instant,
+    ) -> Result<ExpireOutcome, RegistryError> {
+        let now_ms = self.clock.now_ms(now) as i64;
+        let target_ms = match at {
+            ExpireAt::In(ms) if ms > 0 => self.clock.deadline_ms(now, ms as u64) as i64,
+            ExpireAt::In(ms) => now_ms.saturating_add(ms),
+            ExpireAt::AtUnixMs(unix_ms) => self.clock.ms_from_unix(unix_ms),
+        };
+        if target_ms.saturating_sub(now_ms) > MAX_TTL_MS as i64 {
+            return Err(InvalidInput::Ttl.into());
+        }
+        let outcome = self.with_shard(key, |hash, shard, ctx| {
+            shard.expire(hash, key, target_ms, condition, ctx, now)
+        });
+        if let ExpireOutcome::Applied { .. } = outcome {
+            self.wake_for_heap_deadline(target_ms as u64);
+        }
+        Ok(outcome)
+    }
+
+    /// One page of alive keys matching `filter`, in key order, and whether more follow.
+    pub fn list_alive(
+        &self,
+        filter: &ListFilter,
+        limit: usize,
+        now: Instant,
+    ) -> (Vec<KeyView>, bool) {
+        let ctx = self.ctx();
+        let views = self.merge_pages(
+            limit,
+            |shard| shard.list_alive(filter, limit + 1, &ctx, now),
+            |view| &view.key,
+        );
+        let more = views.len() > limit;
+        let page = views
+            .into_iter()
+            .take(limit)
+            .map(|view| self.display(view, now))
+            .collect();
+        (page, more)
+    }
+
+    /// One page of recently expired keys matching `filter`, in key order, and whether more follow.
+    pub fn list_expired(&self, filter: &ListFilter, limit: usize) -> (Vec<ExpiredView>, bool) {
+        let records = self.merge_pages(
+            limit,
+            |shard| shard.list_expired(filter, limit + 1),
+            |(key, _)| key,
+        );
+        let more = records.len() > limit;
+        let page = records
+            .into_iter()
+            .take(limit)
+            .map(|(key, record)| ExpiredView {
+                key,
+                service: self.services.name(record.service),
+                meta: record.meta,
+                last_heartbeat_at_ms: self.clock.unix_ms(record.last_heartbeat_ms),
+                expired_at_ms: self.clock.unix_ms(record.expired_ms),
+            })
+            .collect();
+        (page, more)
+    }
+
+    /// The id of a service name, if it was ever used (a list filter on an unknown service is
+    /// simply empty).
+    pub fn service_id(&self, name: &ServiceName) -> Option<ServiceId> {
+        self.services.lookup(name)
+    }
+
+    /// Alive and recently expired counts for every service that has either.
+    pub fn service_counts(&self) -> Vec<ServiceCounts> {
+        let mut counts: Vec<ServiceCounts> = Vec::new();
+        for (id, name) in self.services.all() {
+            let (mut alive, mut expired) = (0u64, 0u64);
+            for shard in self.shards.iter() {
+                let (a, e) = shard.0.lock().counts_for(id);
+                alive += u64::from(a);
+                expired += u64::from(e);
+            }
+            if alive + expired > 0 {
+                counts.push(ServiceCounts {
+                    service: name,
+                    alive,
+                    expired,
+                });
+            }
+        }
+        counts.sort_by(|a, b| a.service.cmp(&b.service));
+        counts
+    }
+
+    /// Expires what is due at `now`: every wheel tick up to `now` in order (none is ever skipped,
+    /// however late the call), then due heap keys. Handles at most `budget` slots; when
+    /// [`SweepReport::more`] is set, call again.
+    pub fn sweep(&self, now: Instant, budget: usize) -> SweepReport {
+        let ctx = self.ctx();
+        let now_ms = self.clock.now_ms(now);
+        let mut guard = self.sweep_state.lock();
+        let state = &mut *guard;
+        let mut report = SweepReport::default();
+        let mut spent = 0;
+        loop {
+            let tick = state.tick;
+            if let Some((shard_idx, slots, offset)) = state.pending.last_mut() {
+                let chunk_end = (*offset + SWEEP_CHUNK.min(budget - spent)).min(slots.len());
+                let chunk = &slots[*offset..chunk_end];
+                report.n_expired += self.shards[*shard_idx]
+                    .0
+                    .lock()
+                    .expire_detached(tick, chunk, &ctx, now);
+                spent += chunk.len();
+                *offset = chunk_end;
+                if *offset == slots.len() {
+                    state.pending.pop();
+                    if state.pending.is_empty() {
+                        self.swept_through.store(state.tick, Ordering::Release);
+                    }
+                }
+            } else {
+                let next_tick = self.swept_through.load(Ordering::Acquire) + 1;
+                if u64::from(next_tick) * 1000 > now_ms {
+                    break;
+                }
+                state.tick = next_tick;
+                for (shard_idx, shard) in self.shards.iter().enumerate() {
+                    let (tick, slots) = shard.0.lock().detach_next_bucket();
+                    debug_assert_eq!(tick, next_tick, "shards advance in lockstep");
+                    state.pending.push((shard_idx, slots, 0));
+                }
+            }
+            if spent >= budget {
+                report.more = true;
+                return report;
+            }
+        }
+        drop(guard);
+        for shard in self.shards.iter() {
+            let (n_expired, more) =
+                shard
+                    .0
+                    .lock()
+                    .expire_due_heap((budget - spent).min(SWEEP_CHUNK), &ctx, now);
+            report.n_expired += n_expired;
+            spent += n_expired;
+            if more || spent >= budget {
+                report.more = true;
+                return report;
+            }
+        }
+        report
+    }
+
+    /// When the ticker should next sweep: the next wheel tick or the earliest heap deadline.
+    /// Also re-arms the early wake-up for heap deadlines earlier than that.
+    pub fn next_sweep_at(&self) -> Instant {
+        // While we look, any heap insert wakes the ticker (a stored `Notify` permit), so one
+        // that lands in a shard we already looked at is not slept through.
+        self.heap_wakeup_ms.store(u64::MAX, Ordering::SeqCst);
+        let next_tick_ms = u64::from(self.swept_through.load(Ordering::Acquire) + 1) * 1000;
+        let earliest_heap_ms = self
+            .shards
+            .iter()
+            .filter_map(|shard| shard.0.lock().next_heap_deadline())
+            .min()
+            .unwrap_or(u64::MAX);
+        let wake_ms = next_tick_ms.min(earliest_heap_ms);
+        // `fetch_min`, not `store`: keep an earlier deadline inserted while we looked.
+        self.heap_wakeup_ms.fetch_min(wake_ms, Ordering::SeqCst);
+        self.clock.instant_at(wake_ms)
+    }
+
+    /// Resolves when a deadline earlier than the one the ticker sleeps until arrives (only heap
+    /// keys can have one).
+    pub async fn earlier_deadline(&self) {
+        self.wakeup.notified().await
+    }
+
+    /// The last tick fully swept, in seconds since the epoch (for lag and health).
+    pub fn swept_through(&self) -> Tick {
+        self.swept_through.load(Ordering::Acquire)
+    }
+
+    fn wake_for_heap_deadline(&self, deadline_ms: u64) {
+        if deadline_ms < self.heap_wakeup_ms.fetch_min(deadline_ms, Ordering::SeqCst) {
+            self.wakeup.notify_one();
+        }
+    }
+
+    fn ctx(&self) -> Ctx<'_> {
+        Ctx {
+            config: &self.config,
+            clock: &self.clock,
+            services: &self.services,
+            events: &self.events,
+        }
+    }
+
+    fn shard_of(&self, key: &Key) -> (u64, &Mutex<Shard>) {
+        let hash = self.hasher.hash_one(key.as_str());
+        // High bits pick the shard; hashbrown uses the low bits and the top seven, so the
+        // shard choice does not thin out the hashes within a shard.
+        let shard_idx = (hash >> 40) as usize & (self.shards.len() - 1);
+        (hash, &self.shards[shard_idx].0)
+    }
+
+    fn with_shard<T>(&self, key: &Key, op: impl FnOnce(u64, &mut Shard, &Ctx<'_>) -> T) -> T {
+        let (hash, shard) = self.shard_of(key);
+        let ctx = self.ctx();
+        let mut shard = shard.lock();
+        op(hash, &mut shard, &ctx)
+    }
+
+    /// Collects up to `limit + 1` items per shard (locking one shard at a time) and merges them
+    /// in key order.
+    fn merge_pages<T>(
+        &self,
+        limit: usize,
+        page_of: impl Fn(&Shard) -> Vec<T>,
+        key_of: impl Fn(&T) -> &Key,
+    ) -> Vec<T> {
+        let mut items: Vec<T> = self
+            .shards
+            .iter()
+            .flat_map(|shard| page_of(&shard.0.lock()))
+            .collect();
+        items.sort_unstable_by(|a, b| key_of(a).cmp(key_of(b)));
+        items.truncate(limit + 1);
+        items
+    }
+
+    fn display(&self, view: EntryView, now: Instant) -> KeyView {
+        let now_ms = self.clock.now_ms(now);
+        KeyView {
+            key: view.key,
+            service: self.services.name(view.service),
+            meta: view.meta,
+            ttl_ms: view.ttl_ms,
+            expires_in_ms: view
+                .deadline_ms
+                .map(|deadline_ms| deadline_ms.saturating_sub(now_ms)),
+            expires_at_ms: view
+                .deadline_ms
+                .map(|deadline_ms| self.clock.unix_ms(deadline_ms)),
+            registered_at_ms: self.clock.unix_ms(view.registered_ms),
+            last_heartbeat_at_ms: self.clock.unix_ms(view.last_heartbeat_ms),
+            timer: view.timer,
+        }
+    }
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("config", &self.config)
+            .field("swept_through", &self.swept_through)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,606 @@
+//! One shard of the registry: a share of the keys with their own index, wheel and heap, all
+//! behind the one lock the caller holds.
+//!
+//! Keeping a key's index entry and its timer under the same lock is what makes a renewal one
+//! short critical section with no second lock, and what lets the sweeper trust the index: a
+//! slot it finds in a detached bucket is expired only if that slot's entry still says it is
+//! scheduled at that tick.
+//!
+//! Invariants (checked by the model tests through the public registry):
+//! - every entry is in `index` exactly once, under the hash of its key;
+//! - an entry's [`TimerRef`] says where its deadline lives: a wheel tick (and its position in that
+//!   bucket while the wheel still holds the tick), the heap, or nowhere (persistent);
+//!   a slot is in at most one live wheel bucket and at most once in the heap;
+//! - a slot id found in a detached bucket whose entry is gone, or is scheduled elsewhere, is stale
+//!   and skipped;
+//! - `ordered` holds exactly the alive keys; `alive_by_service[s]` counts them per service.
+
+use foldhash::fast::RandomState;
+use hashbrown::HashTable;
+use std::hash::BuildHasher;
+use tokio::time::Instant;
+
+use super::listing::{ExpiredLog, ExpiredRecord, ListFilter, OrderedIndex};
+use super::services::ServiceId;
+use super::{Ctx, ExpireCondition, ExpireOutcome, KeyState};
+use crate::events::{Event, EventKind};
+use crate::expiry::heap::DeadlineHeap;
+use crate::expiry::wheel::{SlotId, Tick, TimingWheel};
+use crate::expiry::TimerKind;
+use crate::types::{Key, Meta};
+
+/// `deadline_ms` of a key without a TTL.
+pub(super) const NO_DEADLINE: u64 = u64::MAX;
+
+/// Where a key's deadline lives, packed in 8 bytes: a wheel tick and the key's position in that
+/// tick's bucket, or a sentinel tick for "heap" or "none".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct TimerRef {
+    tick: Tick,
+    pos: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Timer {
+    Persistent,
+    Heap,
+    Wheel { tick: Tick, pos: u32 },
+}
+
+impl TimerRef {
+    const PERSISTENT: Self = Self {
+        tick: Tick::MAX,
+        pos: 0,
+    };
+    const HEAP: Self = Self {
+        tick: Tick::MAX - 1,
+        pos: 0,
+    };
+
+    fn wheel(tick: Tick, pos: u32) -> Self {
+        debug_assert!(
+            tick < Self::HEAP.tick,
+            "tick {tick} collides with a sentinel"
+        );
+        Self { tick, pos }
+    }
+
+    fn get(self) -> Timer {
+        match self {
+            Self::PERSISTENT => Timer::Persistent,
+            Self::HEAP => Timer::Heap,
+            Self { tick, pos } => Timer::Wheel { tick, pos },
+        }
+    }
+}
+
+/// One registered key. 72 bytes, of which the key's inline buffer is 24 (checked by a test).
+#[derive(Debug)]
+struct Entry {
+    key: Key,
+    meta: Option<Meta>,
+    /// Epoch ms; `NO_DEADLINE` when persistent. The exact deadline: TTL answers use it, never
+    /// the bucket.
+    deadline_ms: u64,
+    /// The TTL last given (by a heartbeat or an EXPIRE); meaningless when persistent.
+    ttl_ms: u64,
+    /// Epoch ms.
+    last_heartbeat_ms: u64,
+    /// Epoch seconds: registration time is shown to the second, which saves 4 bytes per key.
+    registered_s: u32,
+    service: ServiceId,
+    timer: TimerRef,
+}
+
+impl Entry {
+    fn ttl(&self) -> Option<u64> {
+        (self.deadline_ms != NO_DEADLINE).then_some(self.ttl_ms)
+    }
+
+    fn deadline(&self) -> Option<u64> {
+        (self.deadline_ms != NO_DEADLINE).then_some(self.deadline_ms)
+    }
+}
+
+/// A snapshot of an alive key, in epoch ms; `registry` turns it into display times.
+#[derive(Clone, Debug)]
+pub(super) struct EntryView {
+    pub key: Key,
+    pub service: ServiceId,
+    pub meta: Option<Meta>,
+    pub ttl_ms: Option<u64>,
+    pub deadline_ms: Option<u64>,
+    pub registered_ms: u64,
+    pub last_heartbeat_ms: u64,
+    pub timer: Option<TimerKind>,
+}
+
+/// What a heartbeat did, in epoch ms.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Renewal {
+    pub created: bool,
+    pub service: ServiceId,
+    pub deadline_ms: u64,
+    pub timer: TimerKind,
+}
+
+/// Entries in a slot table; freed slots are reused, so slot ids stay dense.
+#[derive(Debug, Default)]
+struct Slots {
+    entries: Vec<Option<Entry>>,
+    free: Vec<SlotId>,
+}
+
+impl Slots {
+    fn insert(&mut self, entry: Entry) -> SlotId {
+        if let Some(slot) = self.free.pop() {
+            self.entries[slot as usize] = Some(entry);
+            return slot;
+        }
+        if self.entries.len() == self.entries.capacity() {
+            // Grow by an eighth rather than doubling: at millions of keys a doubled vector
+            // leaves up to half its memory unused, and large reallocations are page remaps.
+            let extra = (self.entries.len() / 8).max(64);
+            self.entries.reserve_exact(extra);
+        }
+        self.entries.push(Some(entry));
+        (self.entries.len() - 1) as SlotId
+    }
+
+    fn remove(&mut self, slot: SlotId) -> Entry {
+        let entry = self.entries[slot as usize]
+            .take()
+            .expect("removing a live slot");
+        self.free.push(slot);
+        entry
+    }
+
+    fn get(&self, slot: SlotId) -> Option<&Entry> {
+        self.entries.get(slot as usize)?.as_ref()
+    }
+
+    fn entry(&self, slot: SlotId) -> &Entry {
+        self.get(slot).expect("slot is live")
+    }
+
+    fn entry_mut(&mut self, slot: SlotId) -> &mut Entry {
+        self.entries[slot as usize].as_mut().expect("slot is live")
+    }
+}
+
+/// A share of the registry's keys. See the module documentation for its invariants.
+#[derive(Debug)]
+pub(super) struct Shard {
+    /// Key hash -> slot. Holds slot ids, not keys: the key is stored once, in its entry.
+    index: HashTable<SlotId>,
+    slots: Slots,
+    wheel: TimingWheel,
+    heap: DeadlineHeap,
+    /// Hashes keys for `index`; the same state the registry uses to pick the shard.
+    hasher: RandomState,
+    /// Alive keys per service id (index 0: keys without a service).
+    alive_by_service: Vec<u32>,
+    /// Alive keys in order; `None` when listing is disabled (benchmarks of the bare engine).
+    ordered: Option<OrderedIndex>,
+    expired: ExpiredLog,
+}
+
+impl Shard {
+    pub fn new(ctx: &Ctx<'_>, hasher: RandomState, expired_max: usize) -> Self {
+        Self {
+            index: HashTable::new(),
+            slots: Slots::default(),
+            wheel: TimingWheel::new(ctx.config.max_ttl_s, 0),
+            heap: DeadlineHeap::new(),
+            hasher,
+            alive_by_service: Vec::new(),
+            ordered: ctx.config.listing.then(OrderedIndex::default),
+            expired: ExpiredLog::new(ctx.config.expired_retention_ms, expired_max),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Registers or renews `key` for `ttl_ms`. `service`: `None` keeps the stored one.
+    #[allow(clippy::too_many_arguments)] // one call site; a struct would only rename them
+    pub fn heartbeat(
+        &mut self,
+        hash: u64,
+        key: &Key,
+        ttl_ms: u64,
+        service: Option<ServiceId>,
+        meta: Option<Meta>,
+        ctx: &Ctx<'_>,
+        now: Instant,
+    ) -> Renewal {
+        let now_ms = ctx.clock.now_ms(now);
+        let deadline_ms = ctx.clock.deadline_ms(now, ttl_ms);
+        let timer = TimerKind::for_ttl(ttl_ms, ctx.config.max_ttl_s);
+        let (slot, created) = match self.find_alive(hash, key, ctx, now_ms) {
+            Some(slot) => {
+                if let Some(service) = service {
+                    self.change_service(slot, service);
+                }
+                let entry = self.slots.entry_mut(slot);
+                entry.deadline_ms = deadline_ms;
+                entry.ttl_ms = ttl_ms;
+                entry.last_heartbeat_ms = now_ms;
+                if meta.is_some() {
+                    entry.meta = meta;
+                }
+                (slot, false)
+            }
+            None => {
+                let entry = Entry {
+                    key: key.clone(),
+                    meta,
+                    deadline_ms,
+                    ttl_ms,
+                    last_heartbeat_ms: now_ms,
+                    registered_s: (now_ms / 1000) as u32,
+                    service: service.unwrap_or(ServiceId::NONE),
+                    timer: TimerRef::PERSISTENT,
+                };
+                (self.insert(hash, entry), true)
+            }
+        };
+        self.schedule(slot, Some(timer), deadline_ms);
+        Renewal {
+            created,
+            service: self.slots.entry(slot).service,
+            deadline_ms,
+            timer,
+        }
+    }
+
+    pub fn view(&mut self, hash: u64, key: &Key, ctx: &Ctx<'_>, now: Instant) -> Option<EntryView> {
+        let slot = self.find_alive(hash, key, ctx, ctx.clock.now_ms(now))?;
+        Some(self.view_of(slot))
+    }
+
+    pub fn state(&mut self, hash: u64, key: &Key, ctx: &Ctx<'_>, now: Instant) -> KeyState {
+        let now_ms = ctx.clock.now_ms(now);
+        match self.find_alive(hash, key, ctx, now_ms) {
+            None => KeyState::Missing,
+            Some(slot) => match self.slots.entry(slot).deadline() {
+                None => KeyState::Persistent,
+                Some(deadline_ms) => KeyState::ExpiresIn(deadline_ms - now_ms),
+            },
+        }
+    }
+
+    /// PERSIST: `None` when missing, else whether a TTL was removed.
+    pub fn persist(&mut self, hash: u64, key: &Key, ctx: &Ctx<'_>, now: Instant) -> Option<bool> {
+        let slot = self.find_alive(hash, key, ctx, ctx.clock.now_ms(now))?;
+        if self.slots.entry(slot).deadline().is_none() {
+            return Some(false);
+        }
+        self.schedule(slot, None, NO_DEADLINE);
+        self.slots.entry_mut(slot).deadline_ms = NO_DEADLINE;
+        Some(true)
+    }
+
+    pub fn delete(&mut self, hash: u64, key: &Key, ctx: &Ctx<'_>, now: Instant) -> bool {
+        let now_ms = ctx.clock.now_ms(now);
+        match self.find_alive(hash, key, ctx, now_ms) {
+            Some(slot) => {
+                self.remove(slot, EventKind::Deleted, ctx, now_ms);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// EXPIRE / PEXPIREAT with Redis 7 semantics; `target_ms` is the new deadline in epoch ms
+    /// (negative: before the epoch) and `ttl_ms` the TTL it amounts to.
+    pub fn expire(
+        &mut self,
+        hash: u64,
+        key: &Key,
+        target_ms: i64,
+        condition: Option<ExpireCondition>,
+        ctx: &Ctx<'_>,
+        now: Instant,
+    ) -> ExpireOutcome {
+        let now_ms = ctx.clock.now_ms(now);
+        let Some(slot) = self.find_alive(hash, key, ctx, now_ms) else {
+            return ExpireOutcome::NotFound;
+        };
+        let current = self.slots.entry(slot).deadline();
+        if !condition.is_none_or(|condition| condition.allows(current, target_ms)) {
+            return ExpireOutcome::NotApplied {
+                ttl_ms: current.map(|deadline_ms| deadline_ms - now_ms),
+            };
+        }
+        if target_ms <= now_ms as i64 {
+            self.remove(slot, EventKind::Deleted, ctx, now_ms);
+            return ExpireOutcome::Deleted;
+        }
+        let deadline_ms = target_ms as u64;
+        let ttl_ms = deadline_ms - now_ms;
+        self.schedule(
+            slot,
+            Some(TimerKind::for_ttl(ttl_ms, ctx.config.max_ttl_s)),
+            deadline_ms,
+        );
+        let entry = self.slots.entry_mut(slot);
+        entry.deadline_ms = deadline_ms;
+        entry.ttl_ms = ttl_ms;
+        ExpireOutcome::Applied { ttl_ms }
+    }
+
+    /// Detaches the wheel's next bucket in O(1); the sweeper then calls [`Self::expire_detached`].
+    pub fn detach_next_bucket(&mut self) -> (Tick, Vec<SlotId>) {
+        self.wheel.detach_next()
+    }
+
+    /// Expires the slots of a detached bucket of `tick` that are still scheduled there; slots
+    /// renewed or removed since are skipped. Returns how many keys expired.
+    pub fn expire_detached(
+        &mut self,
+        tick: Tick,
+        slots: &[SlotId],
+        ctx: &Ctx<'_>,
+        now: Instant,
+    ) -> usize {
+        let now_ms = ctx.clock.now_ms(now);
+        let mut n_expired = 0;
+        for &slot in slots {
+            let Some(entry) = self.slots.get(slot) else {
+                continue;
+            };
+            if !matches!(entry.timer.get(), Timer::Wheel { tick: at, .. } if at == tick) {
+                continue; // stale: renewed, moved to the heap, persisted, or a reused slot
+            }
+            if entry.deadline_ms <= now_ms {
+                self.remove(slot, EventKind::Expired, ctx, now_ms);
+                n_expired += 1;
+            } else {
+                // Filed at the horizon because the sweeper was behind (see `TimingWheel::clamp`):
+                // not due yet, so file it again where it belongs.
+                let deadline_ms = entry.deadline_ms;
+                self.slots.entry_mut(slot).timer = TimerRef::PERSISTENT;
+                self.schedule(slot, Some(TimerKind::Wheel), deadline_ms);
+            }
+        }
+        self.expired.prune(now_ms);
+        n_expired
+    }
+
+    /// Expires up to `max` heap keys that are due. Returns how many expired and whether more are due.
+    pub fn expire_due_heap(&mut self, max: usize, ctx: &Ctx<'_>, now: Instant) -> (usize, bool) {
+        let now_ms = ctx.clock.now_ms(now);
+        let mut n_expired = 0;
+        while let Some((deadline_ms, slot)) = self.heap.peek() {
+            if deadline_ms > now_ms {
+                return (n_expired, false);
+            }
+            if n_expired == max {
+                return (n_expired, true);
+            }
+            self.remove(slot, EventKind::Expired, ctx, now_ms);
+            n_expired += 1;
+        }
+        (n_expired, false)
+    }
+
+    /// The earliest heap deadline, in epoch ms.
+    pub fn next_heap_deadline(&self) -> Option<u64> {
+        self.heap.peek().map(|(deadline_ms, _)| deadline_ms)
+    }
+
+    /// Up to `limit` alive keys matching `filter`, in key order.
+    pub fn list_alive(
+        &self,
+        filter: &ListFilter,
+        limit: usize,
+        ctx: &Ctx<'_>,
+        now: Instant,
+    ) -> Vec<EntryView> {
+        let Some(ordered) = &self.ordered else {
+            return Vec::new();
+        };
+        let now_ms = ctx.clock.now_ms(now);
+        ordered
+            .scan(filter)
+            .filter_map(|key| self.find(self.hasher.hash_one(key.as_str()), key))
+            .filter(|&slot| self.slots.entry(slot).deadline_ms > now_ms)
+            .take(limit)
+            .map(|slot| self.view_of(slot))
+            .collect()
+    }
+
+    /// Up to `limit` recently expired keys matching `filter`, in key order.
+    pub fn list_expired(&self, filter: &ListFilter, limit: usize) -> Vec<(Key, ExpiredRecord)> {
+        let expired = self.expired.scan(filter).take(limit);
+        expired
+            .map(|(key, record)| (key.clone(), record.clone()))
+            .collect()
+    }
+
+    /// `(alive, expired)` counts for `service`.
+    pub fn counts_for(&self, service: ServiceId) -> (u32, u32) {
+        let alive = self
+            .alive_by_service
+            .get(service.index())
+            .copied()
+            .unwrap_or(0);
+        (alive, self.expired.count_for(service))
+    }
+
+    fn find(&self, hash: u64, key: &Key) -> Option<SlotId> {
+        let slots = &self.slots;
+        self.index
+            .find(hash, |&slot| slots.entry(slot).key == *key)
+            .copied()
+    }
+
+    /// The slot of `key` if it is alive at `now_ms`. A key whose deadline has passed is expired
+    /// here and then, so that no read ever sees it, even before the sweeper reaches it.
+    fn find_alive(&mut self, hash: u64, key: &Key, ctx: &Ctx<'_>, now_ms: u64) -> Option<SlotId> {
+        let slot = self.find(hash, key)?;
+        if self.slots.entry(slot).deadline_ms <= now_ms {
+            self.remove(slot, EventKind::Expired, ctx, now_ms);
+            return None;
+        }
+        Some(slot)
+    }
+
+    fn insert(&mut self, hash: u64, entry: Entry) -> SlotId {
+        let service = entry.service;
+        if let Some(ordered) = &mut self.ordered {
+            ordered.insert(&entry.key, service);
+        }
+        self.expired.forget(&entry.key);
+        let slot = self.slots.insert(entry);
+        let (slots, hasher) = (&self.slots, &self.hasher);
+        self.index.insert_unique(hash, slot, |&slot| {
+            hasher.hash_one(slots.entry(slot).key.as_str())
+        });
+        self.count_service(service, 1);
+        slot
+    }
+
+    /// Removes the key in `slot` from every structure and publishes its event.
+    fn remove(&mut self, slot: SlotId, kind: EventKind, ctx: &Ctx<'_>, now_ms: u64) {
+        self.unschedule(slot);
+        let hash = self.hasher.hash_one(self.slots.entry(slot).key.as_str());
+        match self.index.find_entry(hash, |&candidate| candidate == slot) {
+            Ok(found) => drop(found.remove()),
+            Err(_) => unreachable!("every entry is indexed"),
+        }
+        let entry = self.slots.remove(slot);
+        self.count_service(entry.service, -1);
+        if let Some(ordered) = &mut self.ordered {
+            ordered.remove(&entry.key, entry.service);
+        }
+        let event = Event {
+            kind,
+            key: entry.key.clone(),
+            service: ctx.services.name(entry.service),
+            meta: entry.meta.clone(),
+            ttl_ms: entry.ttl(),
+            registered_at_ms: ctx.clock.unix_ms(u64::from(entry.registered_s) * 1000),
+            last_heartbeat_at_ms: ctx.clock.unix_ms(entry.last_heartbeat_ms),
+            deadline_ms: entry
+                .deadline()
+                .map(|deadline_ms| ctx.clock.unix_ms(deadline_ms)),
+            occurred_at_ms: ctx.clock.unix_ms(now_ms),
+            lateness_ms: match kind {
+                EventKind::Expired => now_ms.saturating_sub(entry.deadline_ms),
+                EventKind::Deleted => 0,
+            },
+        };
+        if kind == EventKind::Expired {
+            let record = ExpiredRecord {
+                service: entry.service,
+                meta: entry.meta,
+                last_heartbeat_ms: entry.last_heartbeat_ms,
+                expired_ms: now_ms,
+            };
+            self.expired.record(entry.key, record);
+        }
+        // Published under the shard lock: events of one key keep their order.
+        ctx.events.publish(event);
+    }
+
+    /// Moves `slot`'s deadline to the structure `timer` names (`None`: no TTL). A wheel key
+    /// renewed into the bucket it already occupies moves nothing.
+    fn schedule(&mut self, slot: SlotId, timer: Option<TimerKind>, deadline_ms: u64) {
+        let current = self.slots.entry(slot).timer.get();
+        let next = match timer {
+            Some(TimerKind::Wheel) => {
+                let tick = self.wheel.clamp(TimingWheel::tick_of(deadline_ms));
+                if matches!(current, Timer::Wheel { tick: at, .. } if at == tick) {
+                    return;
+                }
+                self.unschedule(slot);
+                TimerRef::wheel(tick, self.wheel.insert(tick, slot))
+            }
+            Some(TimerKind::Heap) => {
+                if current != Timer::Heap {
+                    self.unschedule(slot);
+                }
+                self.heap.upsert(slot, deadline_ms);
+                TimerRef::HEAP
+            }
+            None => {
+                self.unschedule(slot);
+                TimerRef::PERSISTENT
+            }
+        };
+        self.slots.entry_mut(slot).timer = next;
+    }
+
+    /// Takes `slot` out of whatever timer holds it. A slot in a bucket the sweeper already
+    /// detached is left there: the sweeper will find it stale.
+    fn unschedule(&mut self, slot: SlotId) {
+        match self.slots.entry(slot).timer.get() {
+            Timer::Wheel { tick, pos } if self.wheel.holds(tick) => {
+                if let Some(moved) = self.wheel.remove(tick, pos) {
+                    self.slots.entry_mut(moved).timer.pos = pos;
+                }
+            }
+            Timer::Heap => {
+                self.heap.remove(slot);
+            }
+            Timer::Wheel { .. } | Timer::Persistent => {}
+        }
+        self.slots.entry_mut(slot).timer = TimerRef::PERSISTENT;
+    }
+
+    fn change_service(&mut self, slot: SlotId, service: ServiceId) {
+        let entry = self.slots.entry_mut(slot);
+        let old = std::mem::replace(&mut entry.service, service);
+        if old == service {
+            return;
+        }
+        if let Some(ordered) = &mut self.ordered {
+            ordered.remove(&entry.key, old);
+            ordered.insert(&entry.key, service);
+        }
+        self.count_service(old, -1);
+        self.count_service(service, 1);
+    }
+
+    fn count_service(&mut self, service: ServiceId, delta: i32) {
+        let index = service.index();
+        if self.alive_by_service.len() <= index {
+            self.alive_by_service.resize(index + 1, 0);
+        }
+        let count = &mut self.alive_by_service[index];
+        *count = count
+            .checked_add_signed(delta)
+            .expect("service counts stay non-negative");
+    }
+
+    fn view_of(&self, slot: SlotId) -> EntryView {
+        let entry = self.slots.entry(slot);
+        EntryView {
+            key: entry.key.clone(),
+            service: entry.service,
+            meta: entry.meta.clone(),
+            ttl_ms: entry.ttl(),
+            deadline_ms: entry.deadline(),
+            registered_ms: u64::from(entry.registered_s) * 1000,
+            last_heartbeat_ms: entry.last_heartbeat_ms,
+            timer: match entry.timer.get() {
+                Timer::Persistent => None,
+                Timer::Heap => Some(TimerKind::Heap),
+                Timer::Wheel { .. } => Some(TimerKind::Wheel),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_costs_72_bytes_including_the_inline_key() {
+        assert_eq!(std::mem::size_of::<Option<Entry>>(), 72);
+    }
+}

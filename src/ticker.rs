@@ -1,0 +1,44 @@
+//! The task that owns time.
+//!
+//! It sleeps until the next wheel tick or the earliest heap deadline, whichever is first, is
+//! woken early only when an earlier heap deadline arrives, and then sweeps what is due in
+//! bounded steps, yielding to the runtime between them so that a mass expiry shares the
+//! threads with the heartbeats instead of holding one for its whole length. It reads the clock
+//! (`tokio::time::Instant::now`, so paused-time tests drive it); the registry never does.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::time::{sleep_until, Instant};
+
+use crate::registry::Registry;
+
+/// Slots one sweep step handles before yielding to the runtime (a few ms of work at most).
+pub const SWEEP_BUDGET: usize = 16 * 1024;
+
+/// Runs until `shutdown` resolves, then returns after at most the current sweep step.
+pub async fn run(registry: Arc<Registry>, shutdown: impl Future<Output = ()>) {
+    tokio::pin!(shutdown);
+    loop {
+        let wake_at = registry.next_sweep_at();
+        tokio::select! {
+            () = &mut shutdown => return,
+            () = sleep_until(wake_at) => {}
+            () = registry.earlier_deadline() => {}
+        }
+        sweep_due(&registry).await;
+    }
+}
+
+/// Sweeps everything due now, in budgeted steps.
+pub async fn sweep_due(registry: &Registry) {
+    while registry.sweep(Instant::now(), SWEEP_BUDGET).more {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// How far behind the ticker is: seconds between the last fully swept tick and `now`.
+pub fn lag_s(registry: &Registry, now: Instant) -> u64 {
+    let now_s = registry.clock().now_ms(now) / 1000;
+    now_s.saturating_sub(u64::from(registry.swept_through()))
+}

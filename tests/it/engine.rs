@@ -1,0 +1,335 @@
+//! Edge cases of the expiry engine, table-driven where the cases share a shape.
+
+use ttlwheel::events::EventKind;
+use ttlwheel::expiry::TimerKind;
+use ttlwheel::registry::{ExpireAt, ExpireCondition, ExpireOutcome, KeyState};
+
+use crate::{key_of, Harness, UNIX_AT_EPOCH};
+
+/// One key, one heartbeat at `start_ms` with `ttl_ms`; then the sweeper runs every millisecond.
+/// Checks the timer chosen and the exact millisecond the expiry event is published.
+fn check_expiry_time(
+    max_ttl_s: u32,
+    start_ms: u64,
+    ttl_ms: u64,
+    timer: TimerKind,
+    expires_at_ms: u64,
+) {
+    let mut harness = Harness::new(max_ttl_s);
+    harness.stall(start_ms);
+    harness.sweep();
+    assert_eq!(
+        harness.heartbeat("k", ttl_ms).timer,
+        timer,
+        "ttl {ttl_ms} ms"
+    );
+    while harness.now_ms < expires_at_ms - 1 {
+        harness.advance(1);
+        assert!(
+            harness.drain().is_empty(),
+            "ttl {ttl_ms}: expired early at {} ms",
+            harness.now_ms
+        );
+    }
+    harness.advance(1);
+    let events = harness.drain();
+    assert_eq!(
+        events.len(),
+        1,
+        "ttl {ttl_ms}: one event at {expires_at_ms} ms"
+    );
+    assert_eq!(events[0].kind, EventKind::Expired);
+    assert_eq!(
+        events[0].deadline_ms,
+        Some(UNIX_AT_EPOCH + start_ms + ttl_ms)
+    );
+    assert_eq!(events[0].occurred_at_ms, UNIX_AT_EPOCH + expires_at_ms);
+}
+
+#[test]
+fn keys_expire_never_early_and_at_most_one_tick_late() {
+    // (max_ttl_s, heartbeat at, ttl, timer, expiry published at)
+    let cases = [
+        (10, 0, 1_000, TimerKind::Wheel, 1_000), // TTL 1 s from tick 0: bucket 1, on time
+        (10, 250, 1_000, TimerKind::Wheel, 2_000), // mid-second: the next tick, 750 ms late
+        (10, 0, 10_000, TimerKind::Wheel, 10_000), // max_ttl from a tick boundary
+        (10, 999, 10_000, TimerKind::Wheel, 11_000), // max_ttl from mid-second: the last bucket
+        (10, 0, 11_000, TimerKind::Heap, 11_000), // max_ttl + 1 goes to the heap
+        (10, 3, 1, TimerKind::Heap, 4),          // the shortest TTL
+        (10, 10, 1_500, TimerKind::Heap, 1_510), // not whole seconds: exact on the heap
+        (1, 0, 1_000, TimerKind::Wheel, 1_000),  // smallest wheel (3 buckets)
+    ];
+    for (max_ttl_s, start_ms, ttl_ms, timer, expires_at_ms) in cases {
+        check_expiry_time(max_ttl_s, start_ms, ttl_ms, timer, expires_at_ms);
+    }
+}
+
+#[test]
+fn a_key_is_gone_for_reads_at_exactly_its_deadline_even_before_the_sweep() {
+    let mut harness = Harness::new(10);
+    harness.stall(100);
+    harness.heartbeat("k", 2_000);
+    harness.stall(1_999);
+    assert!(harness.alive("k"));
+    assert_eq!(
+        harness.registry.state(&key_of("k"), harness.now()),
+        KeyState::ExpiresIn(1)
+    );
+    harness.stall(1); // 2100 ms: due; the sweeper would only reach it at 3000
+    assert!(!harness.alive("k"));
+    let events = harness.drain();
+    assert_eq!(events.len(), 1);
+    assert_eq!(
+        (events[0].kind, events[0].lateness_ms),
+        (EventKind::Expired, 0)
+    );
+    harness.advance(2_000);
+    assert!(
+        harness.drain().is_empty(),
+        "the sweeper finds nothing more to expire"
+    );
+}
+
+#[test]
+fn renewing_into_the_same_bucket_keeps_the_exact_deadline() {
+    let mut harness = Harness::new(10);
+    harness.stall(200);
+    harness.heartbeat("k", 2_000); // deadline 2200, bucket of tick 3
+    harness.stall(300);
+    assert!(!harness.heartbeat("k", 2_000).created); // deadline 2500, same bucket
+    harness.advance(1_700); // 2200: the first deadline has passed, the renewed one has not
+    assert!(harness.alive("k"));
+    assert_eq!(
+        harness.registry.state(&key_of("k"), harness.now()),
+        KeyState::ExpiresIn(300)
+    );
+    harness.advance(800); // 3000: tick 3 swept
+    assert_eq!(harness.drained_keys(EventKind::Expired), ["k"]);
+}
+
+#[test]
+fn renewals_across_the_wrap_around_never_expire_and_a_stopped_key_expires_once() {
+    let mut harness = Harness::new(3); // 5 buckets: the wheel wraps every 5 s
+    for _ in 0..40 {
+        harness.heartbeat("k", 3_000);
+        harness.advance(700);
+        assert!(
+            harness.drain().is_empty(),
+            "false expiry at {} ms",
+            harness.now_ms
+        );
+    }
+    harness.advance(3_000);
+    assert_eq!(harness.drained_keys(EventKind::Expired), ["k"]);
+    harness.advance(10_000);
+    assert!(harness.drain().is_empty());
+}
+
+#[test]
+fn a_ticker_late_by_more_than_the_horizon_catches_up_without_skipping_or_expiring_early() {
+    let max_ttl_s = 10;
+    let mut harness = Harness::new(max_ttl_s);
+    for ttl_s in 1..=max_ttl_s as u64 {
+        harness.heartbeat(&format!("before-{ttl_s:02}"), ttl_s * 1000);
+    }
+    harness.stall(500);
+    harness.sweep();
+    harness.stall((u64::from(max_ttl_s) + 5) * 1000); // 15.5 s without a sweep
+                                                      // Heartbeats while the ticker is stalled: keys whose tick lies past the wheel's horizon.
+    for ttl_s in 1..=max_ttl_s as u64 {
+        harness.heartbeat(&format!("during-{ttl_s:02}"), ttl_s * 1000);
+    }
+    harness.sweep();
+    let expected: Vec<String> = (1..=max_ttl_s)
+        .map(|ttl_s| format!("before-{ttl_s:02}"))
+        .collect();
+    assert_eq!(
+        harness.drained_keys(EventKind::Expired),
+        expected,
+        "catch-up expires every missed key once"
+    );
+    let resumed_ms = harness.now_ms;
+    for ttl_s in 1..=max_ttl_s as u64 {
+        let key = format!("during-{ttl_s:02}");
+        let deadline_ms = resumed_ms + ttl_s * 1000;
+        while harness.now_ms + 1 < deadline_ms {
+            harness.advance(1);
+            assert!(
+                harness.alive(&key),
+                "{key} expired early at {} ms",
+                harness.now_ms
+            );
+        }
+        harness.advance(1000);
+        assert!(
+            harness.drained_keys(EventKind::Expired).contains(&key),
+            "{key} expired within one tick"
+        );
+    }
+}
+
+#[test]
+fn expire_moves_a_key_between_wheel_and_heap_without_losing_or_copying_it() {
+    let mut harness = Harness::new(10);
+    let key = key_of("k");
+    let expire = |harness: &Harness, ms: i64| {
+        harness
+            .registry
+            .expire(&key, ExpireAt::In(ms), None, harness.now())
+            .unwrap()
+    };
+    harness.heartbeat("k", 5_000);
+    assert_eq!(
+        harness.registry.get(&key, harness.now()).unwrap().timer,
+        Some(TimerKind::Wheel)
+    );
+    assert_eq!(
+        expire(&harness, 1_500),
+        ExpireOutcome::Applied { ttl_ms: 1_500 }
+    );
+    assert_eq!(
+        harness.registry.get(&key, harness.now()).unwrap().timer,
+        Some(TimerKind::Heap)
+    );
+    assert_eq!(
+        expire(&harness, 3_000),
+        ExpireOutcome::Applied { ttl_ms: 3_000 }
+    );
+    assert_eq!(
+        harness.registry.get(&key, harness.now()).unwrap().timer,
+        Some(TimerKind::Wheel)
+    );
+    harness.advance(2_000); // the heap deadline (1500) and the first wheel one (5000) must not fire
+    assert!(harness.drain().is_empty());
+    harness.advance(1_000);
+    assert_eq!(harness.drained_keys(EventKind::Expired), ["k"]);
+    harness.advance(10_000);
+    assert!(
+        harness.drain().is_empty(),
+        "no copy left behind in either timer"
+    );
+}
+
+#[test]
+fn persist_removes_the_ttl_and_the_key_then_never_expires() {
+    let mut harness = Harness::new(10);
+    let key = key_of("k");
+    harness.heartbeat("k", 1_000);
+    assert_eq!(harness.registry.persist(&key, harness.now()), Some(true));
+    assert_eq!(harness.registry.persist(&key, harness.now()), Some(false));
+    assert_eq!(
+        harness.registry.state(&key, harness.now()),
+        KeyState::Persistent
+    );
+    harness.advance(20_000);
+    assert!(harness.alive("k"));
+    assert!(harness.drain().is_empty());
+    assert_eq!(
+        harness.registry.persist(&key_of("missing"), harness.now()),
+        None
+    );
+}
+
+#[test]
+fn delete_and_non_positive_expire_are_deletions_not_expiries() {
+    let mut harness = Harness::new(10);
+    let now = harness.now();
+    for key in ["a", "b", "c", "d"] {
+        harness.heartbeat(key, 1_000);
+    }
+    assert!(harness.registry.delete(&key_of("a"), now));
+    assert!(!harness.registry.delete(&key_of("a"), now));
+    assert_eq!(
+        harness
+            .registry
+            .expire(&key_of("b"), ExpireAt::In(0), None, now),
+        Ok(ExpireOutcome::Deleted)
+    );
+    assert_eq!(
+        harness
+            .registry
+            .expire(&key_of("c"), ExpireAt::In(-5), None, now),
+        Ok(ExpireOutcome::Deleted)
+    );
+    let past = ExpireAt::AtUnixMs(UNIX_AT_EPOCH as i64 - 1);
+    assert_eq!(
+        harness.registry.expire(&key_of("d"), past, None, now),
+        Ok(ExpireOutcome::Deleted)
+    );
+    assert_eq!(
+        harness.drained_keys(EventKind::Deleted),
+        ["a", "b", "c", "d"]
+    );
+    harness.advance(5_000);
+    assert!(
+        harness.drain().is_empty(),
+        "deleted keys do not expire later"
+    );
+}
+
+#[test]
+fn expire_conditions_follow_redis_7() {
+    // (key has a TTL of 10 s?, condition, new TTL ms, applied?)
+    let cases = [
+        (false, ExpireCondition::Nx, 5_000, true),
+        (true, ExpireCondition::Nx, 5_000, false),
+        (false, ExpireCondition::Xx, 5_000, false),
+        (true, ExpireCondition::Xx, 5_000, true),
+        (false, ExpireCondition::Gt, 5_000, false), // no TTL counts as infinite
+        (true, ExpireCondition::Gt, 20_000, true),
+        (true, ExpireCondition::Gt, 10_000, false), // strictly greater
+        (false, ExpireCondition::Lt, 5_000, true),
+        (true, ExpireCondition::Lt, 5_000, true),
+        (true, ExpireCondition::Lt, 10_000, false), // strictly less
+        (true, ExpireCondition::Gt, -1, false),     // the condition is checked before deletion
+    ];
+    for (has_ttl, condition, ttl_ms, applied) in cases {
+        let harness = Harness::new(3600);
+        let key = key_of("k");
+        harness.heartbeat("k", 10_000);
+        if !has_ttl {
+            harness.registry.persist(&key, harness.now());
+        }
+        let outcome = harness
+            .registry
+            .expire(&key, ExpireAt::In(ttl_ms), Some(condition), harness.now())
+            .unwrap();
+        let was_applied = !matches!(outcome, ExpireOutcome::NotApplied { .. });
+        assert_eq!(
+            was_applied, applied,
+            "has_ttl {has_ttl}, {condition:?} {ttl_ms}: {outcome:?}"
+        );
+    }
+}
+
+#[test]
+fn expire_on_a_missing_key_applies_nothing_and_too_long_a_ttl_is_refused() {
+    let harness = Harness::new(10);
+    let now = harness.now();
+    assert_eq!(
+        harness
+            .registry
+            .expire(&key_of("nope"), ExpireAt::In(1_000), None, now),
+        Ok(ExpireOutcome::NotFound)
+    );
+    assert_eq!(
+        harness.registry.state(&key_of("nope"), now),
+        KeyState::Missing
+    );
+    harness.heartbeat("k", 1_000);
+    let too_long = ExpireAt::In(366 * 24 * 3600 * 1000);
+    assert!(harness
+        .registry
+        .expire(&key_of("k"), too_long, None, now)
+        .is_err());
+}
+
+#[test]
+fn a_heartbeat_after_expiry_registers_again() {
+    let mut harness = Harness::new(10);
+    assert!(harness.heartbeat("k", 1_000).created);
+    assert!(!harness.heartbeat("k", 1_000).created);
+    harness.advance(1_000);
+    assert_eq!(harness.drained_keys(EventKind::Expired), ["k"]);
+    assert!(harness.heartbeat("k", 1_000).created);
+}

@@ -1,0 +1,101 @@
+//! One integration-test binary (one link step for every suite).
+
+mod concurrency;
+mod engine;
+mod model;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use ttlwheel::clock::Clock;
+use ttlwheel::events::{Event, EventKind, EventReceiver};
+use ttlwheel::registry::{Heartbeat, HeartbeatOutcome, Registry, RegistryConfig};
+use ttlwheel::types::{Key, Ttl};
+
+/// Unix time the test clocks pin their epoch to.
+pub const UNIX_AT_EPOCH: u64 = 1_700_000_000_000;
+
+/// A registry driven by hand: the test says what time it is and when the sweeper runs.
+pub struct Harness {
+    pub registry: Arc<Registry>,
+    pub events: EventReceiver,
+    pub epoch: Instant,
+    pub now_ms: u64,
+}
+
+impl Harness {
+    pub fn new(max_ttl_s: u32) -> Self {
+        let config = RegistryConfig {
+            max_ttl_s,
+            shards: 4,
+            ..RegistryConfig::default()
+        };
+        let epoch = Instant::now();
+        let registry =
+            Registry::with_clock(config, Clock::with_unix_ms_at_epoch(epoch, UNIX_AT_EPOCH));
+        let events = registry.subscribe();
+        Self {
+            registry: Arc::new(registry),
+            events,
+            epoch,
+            now_ms: 0,
+        }
+    }
+
+    pub fn now(&self) -> Instant {
+        self.epoch + Duration::from_millis(self.now_ms)
+    }
+
+    pub fn heartbeat(&self, key: &str, ttl_ms: u64) -> HeartbeatOutcome {
+        let heartbeat = Heartbeat {
+            key: key_of(key),
+            ttl: Ttl::from_millis(ttl_ms).expect("valid ttl"),
+            service: None,
+            meta: None,
+        };
+        self.registry
+            .heartbeat(heartbeat, self.now())
+            .expect("heartbeat accepted")
+    }
+
+    /// Moves the clock without sweeping (a stalled ticker).
+    pub fn stall(&mut self, ms: u64) {
+        self.now_ms += ms;
+    }
+
+    /// Moves the clock and sweeps everything due, as the ticker would.
+    pub fn advance(&mut self, ms: u64) {
+        self.now_ms += ms;
+        self.sweep();
+    }
+
+    pub fn sweep(&self) {
+        while self.registry.sweep(self.now(), 1000).more {}
+    }
+
+    /// Events published since the last call.
+    pub fn drain(&mut self) -> Vec<Arc<Event>> {
+        std::iter::from_fn(|| self.events.try_recv()).collect()
+    }
+
+    /// Keys of the `kind` events published since the last call, sorted.
+    pub fn drained_keys(&mut self, kind: EventKind) -> Vec<String> {
+        let mut keys: Vec<String> = self
+            .drain()
+            .iter()
+            .filter(|event| event.kind == kind)
+            .map(|event| event.key.to_string())
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    pub fn alive(&self, key: &str) -> bool {
+        self.registry.get(&key_of(key), self.now()).is_some()
+    }
+}
+
+pub fn key_of(raw: &str) -> Key {
+    Key::new(raw).expect("valid key")
+}

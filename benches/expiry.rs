@@ -1,1 +1,605 @@
-fn main() {}
+//! Renewal cost of ttlwheel's wheel and heap against the structures a user might otherwise
+//! reach for, plus the cost of a mass eviction and of heap EXPIRE/PERSIST.
+//!
+//! The workload is the same for every structure: N keys of 24 bytes with a 30 s TTL, renewed in
+//! a fixed random permutation, cycled, with simulated time advancing so that every key is renewed
+//! every 10 s (TTL/3, as Consul, etcd and Eureka clients do): every renewal moves the key to a
+//! later deadline and no key expires. Each structure's periodic expiry work (a sweep, a scan,
+//! popping stale entries) runs once per simulated second inside the measured loop, since a
+//! design that makes renewals cheap by deferring work to expiry must pay for it somewhere.
+//!
+//! Baselines use the same hasher (foldhash) as ttlwheel, so the comparison is of structures.
+//! Two-thread runs share one structure; the single-threaded baselines are wrapped in a
+//! `parking_lot::Mutex`, which is what a user would do.
+//!
+//! Run: `cargo bench --bench expiry` (all), or filter, e.g. `cargo bench --bench expiry -- renew/1M`.
+//! `benches/summarize.py` turns the results into the table in BENCHMARKS.md.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant as StdInstant};
+
+use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
+use dashmap::DashMap;
+use parking_lot::Mutex;
+use tokio::time::Instant;
+use tokio_util::time::{delay_queue, DelayQueue};
+use ttlwheel::registry::{ExpireAt, Heartbeat, Registry, RegistryConfig, SWEEP_CHUNK};
+use ttlwheel::types::{Key, Ttl};
+
+type FoldMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+const TTL_MS: u64 = 30_000;
+/// Every key is renewed once per this interval on average.
+const HEARTBEAT_INTERVAL_US: u64 = 10_000_000;
+
+fn sizes() -> Vec<(usize, &'static str)> {
+    let all = [
+        (10_000, "10k"),
+        (100_000, "100k"),
+        (1_000_000, "1M"),
+        (10_000_000, "10M"),
+    ];
+    // TTLWHEEL_BENCH_MAX_KEYS caps the sizes for a quick run.
+    let max = std::env::var("TTLWHEEL_BENCH_MAX_KEYS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(usize::MAX);
+    all.into_iter().filter(|(n, _)| *n <= max).collect()
+}
+
+/// The key of index `i`: 24 bytes, as the targets assume.
+fn key_text(i: usize) -> String {
+    let text = format!("service-{i:016}");
+    debug_assert_eq!(text.len(), 24);
+    text
+}
+
+fn keys(n: usize) -> Arc<Vec<Key>> {
+    Arc::new((0..n).map(|i| Key::new(&key_text(i)).unwrap()).collect())
+}
+
+/// xorshift64*: a fast, good-enough random number stream.
+struct Rng(u64);
+
+impl Rng {
+    fn next_idx(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) as usize % n
+    }
+}
+
+/// `0..n` in a random order (Fisher-Yates).
+fn permutation(n: usize) -> Arc<Vec<u32>> {
+    let mut order: Vec<u32> = (0..n as u32).collect();
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for i in (1..n).rev() {
+        order.swap(i, rng.next_idx(i + 1));
+    }
+    Arc::new(order)
+}
+
+/// Simulated time: advances by `HEARTBEAT_INTERVAL / n` per renewal.
+struct SimClock {
+    now_us: u64,
+    step_us: u64,
+    next_tick_us: u64,
+}
+
+impl SimClock {
+    fn new(n: usize, start_us: u64) -> Self {
+        Self {
+            now_us: start_us,
+            step_us: (HEARTBEAT_INTERVAL_US / n as u64).max(1),
+            next_tick_us: start_us + 1_000_000,
+        }
+    }
+
+    /// Advances one step; true when a simulated second has passed (time to run expiry work).
+    fn step(&mut self) -> bool {
+        self.now_us += self.step_us;
+        if self.now_us >= self.next_tick_us {
+            self.next_tick_us += 1_000_000;
+            return true;
+        }
+        false
+    }
+}
+
+/// A structure under test, shared by the benchmark threads.
+trait Subject: Send + Sync {
+    fn renew(&self, key_idx: usize, now_us: u64);
+    /// Periodic expiry work; called by one thread once per simulated second.
+    fn tick(&self, now_us: u64);
+}
+
+/// A structure that needs `&mut self`; shared behind a mutex.
+trait Structure: Send {
+    fn renew(&mut self, key_idx: usize, now_us: u64);
+    fn tick(&mut self, now_us: u64);
+}
+
+struct Locked<S>(Mutex<S>);
+
+impl<S: Structure> Subject for Locked<S> {
+    fn renew(&self, key_idx: usize, now_us: u64) {
+        self.0.lock().renew(key_idx, now_us)
+    }
+    fn tick(&self, now_us: u64) {
+        self.0.lock().tick(now_us)
+    }
+}
+
+// ---- ttlwheel --------------------------------------------------------------------------------
+
+struct Ours {
+    registry: Registry,
+    epoch: Instant,
+    keys: Arc<Vec<Key>>,
+    ttl: Ttl,
+}
+
+impl Ours {
+    /// `ttl_ms`: whole seconds for the wheel, anything else for the heap.
+    fn new(keys: Arc<Vec<Key>>, ttl_ms: u64) -> Self {
+        // The bare engine: no listing index, no expired-key log.
+        let config = RegistryConfig {
+            listing: false,
+            expired_max: 0,
+            ..RegistryConfig::default()
+        };
+        let epoch = Instant::now();
+        let ours = Self {
+            registry: Registry::new(config, epoch),
+            epoch,
+            ttl: Ttl::from_millis(ttl_ms).unwrap(),
+            keys,
+        };
+        for key_idx in 0..ours.keys.len() {
+            ours.renew(key_idx, 0);
+        }
+        ours
+    }
+
+    fn at(&self, now_us: u64) -> Instant {
+        self.epoch + Duration::from_micros(now_us)
+    }
+}
+
+impl Subject for Ours {
+    fn renew(&self, key_idx: usize, now_us: u64) {
+        let heartbeat = Heartbeat {
+            key: self.keys[key_idx].clone(),
+            ttl: self.ttl,
+            service: None,
+            meta: None,
+        };
+        self.registry.heartbeat(heartbeat, self.at(now_us)).unwrap();
+    }
+    fn tick(&self, now_us: u64) {
+        while self.registry.sweep(self.at(now_us), 16 * 1024).more {}
+    }
+}
+
+// ---- baselines -------------------------------------------------------------------------------
+
+/// The reference design: a map of deadlines, scanned in full every second.
+struct ScanMap {
+    deadlines: FoldMap<Key, u64>,
+    keys: Arc<Vec<Key>>,
+}
+
+impl Structure for ScanMap {
+    fn renew(&mut self, key_idx: usize, now_us: u64) {
+        self.deadlines
+            .insert(self.keys[key_idx].clone(), now_us + TTL_MS * 1000);
+    }
+    fn tick(&mut self, now_us: u64) {
+        self.deadlines.retain(|_, deadline| *deadline > now_us);
+    }
+}
+
+/// An ordered set of `(deadline, key)` plus a map from key to its current deadline.
+struct OrderedSet {
+    by_deadline: BTreeMap<(u64, Key), ()>,
+    deadlines: FoldMap<Key, u64>,
+    keys: Arc<Vec<Key>>,
+}
+
+impl Structure for OrderedSet {
+    fn renew(&mut self, key_idx: usize, now_us: u64) {
+        let key = &self.keys[key_idx];
+        let deadline = now_us + TTL_MS * 1000;
+        if let Some(old) = self.deadlines.insert(key.clone(), deadline) {
+            self.by_deadline.remove(&(old, key.clone()));
+        }
+        self.by_deadline.insert((deadline, key.clone()), ());
+    }
+    fn tick(&mut self, now_us: u64) {
+        while let Some(entry) = self.by_deadline.first_entry() {
+            if entry.key().0 > now_us {
+                break;
+            }
+            let ((_, key), ()) = entry.remove_entry();
+            self.deadlines.remove(&key);
+        }
+    }
+}
+
+/// `std::collections::BinaryHeap` with lazy deletion: a renewal pushes a new entry, and stale
+/// entries are skipped when they surface.
+struct LazyHeap {
+    heap: BinaryHeap<Reverse<(u64, u32)>>,
+    deadlines: FoldMap<Key, u64>,
+    keys: Arc<Vec<Key>>,
+}
+
+impl Structure for LazyHeap {
+    fn renew(&mut self, key_idx: usize, now_us: u64) {
+        let deadline = now_us + TTL_MS * 1000;
+        self.deadlines.insert(self.keys[key_idx].clone(), deadline);
+        self.heap.push(Reverse((deadline, key_idx as u32)));
+    }
+    fn tick(&mut self, now_us: u64) {
+        while let Some(&Reverse((deadline, key_idx))) = self.heap.peek() {
+            if deadline > now_us {
+                break;
+            }
+            self.heap.pop();
+            let key = &self.keys[key_idx as usize];
+            if self.deadlines.get(key) == Some(&deadline) {
+                self.deadlines.remove(key);
+            }
+        }
+    }
+}
+
+/// `tokio_util::time::DelayQueue` (a hierarchical timing wheel) plus a map from key to its
+/// queue handle. Expired entries are not polled: nothing expires in this workload.
+struct TokioDelayQueue {
+    queue: DelayQueue<u32>,
+    handles: FoldMap<Key, delay_queue::Key>,
+    keys: Arc<Vec<Key>>,
+    epoch: Instant,
+    /// DelayQueue arms a tokio `Sleep`, which needs a runtime with a timer.
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Structure for TokioDelayQueue {
+    fn renew(&mut self, key_idx: usize, now_us: u64) {
+        let _guard = self.runtime.enter();
+        let at = self.epoch + Duration::from_micros(now_us + TTL_MS * 1000);
+        let key = &self.keys[key_idx];
+        match self.handles.get(key) {
+            Some(handle) => self.queue.reset_at(handle, at),
+            None => {
+                let handle = self.queue.insert_at(key_idx as u32, at);
+                self.handles.insert(key.clone(), handle);
+            }
+        }
+    }
+    fn tick(&mut self, _now_us: u64) {}
+}
+
+/// The textbook concurrent design: a `DashMap` index plus per-second bucket sets, each behind
+/// its own mutex; a renewal moves the key between sets.
+struct DashWheel {
+    index: DashMap<Key, u32, foldhash::fast::RandomState>,
+    buckets: Vec<Mutex<hashbrown::HashSet<Key, foldhash::fast::RandomState>>>,
+    keys: Arc<Vec<Key>>,
+}
+
+impl Subject for DashWheel {
+    fn renew(&self, key_idx: usize, now_us: u64) {
+        let key = &self.keys[key_idx];
+        let tick = ((now_us + TTL_MS * 1000).div_ceil(1_000_000)) as u32;
+        let n = self.buckets.len();
+        let mut entry = self.index.entry(key.clone()).or_insert(u32::MAX);
+        if *entry == tick {
+            return;
+        }
+        if *entry != u32::MAX {
+            self.buckets[*entry as usize % n].lock().remove(key);
+        }
+        self.buckets[tick as usize % n].lock().insert(key.clone());
+        *entry = tick;
+    }
+    fn tick(&self, now_us: u64) {
+        let tick = (now_us / 1_000_000) as u32;
+        let due = std::mem::take(&mut *self.buckets[tick as usize % self.buckets.len()].lock());
+        for key in due {
+            self.index.remove_if(&key, |_, at| *at == tick);
+        }
+    }
+}
+
+fn fold_map<K, V>(n: usize) -> FoldMap<K, V> {
+    HashMap::with_capacity_and_hasher(n, foldhash::fast::RandomState::default())
+}
+
+fn prefilled<S: Structure>(mut structure: S, n: usize) -> Locked<S> {
+    for key_idx in 0..n {
+        structure.renew(key_idx, 0);
+    }
+    Locked(Mutex::new(structure))
+}
+
+/// Builds a structure under test, prefilled with every key.
+type Maker = Box<dyn Fn() -> Box<dyn Subject>>;
+
+fn subjects(keys: &Arc<Vec<Key>>) -> Vec<(&'static str, Maker)> {
+    let n = keys.len();
+    let k = || Arc::clone(keys);
+    vec![
+        (
+            "ttlwheel-wheel",
+            Box::new({
+                let keys = k();
+                move || Box::new(Ours::new(Arc::clone(&keys), TTL_MS)) as Box<dyn Subject>
+            }),
+        ),
+        (
+            "ttlwheel-heap",
+            Box::new({
+                let keys = k();
+                move || Box::new(Ours::new(Arc::clone(&keys), TTL_MS + 500))
+            }),
+        ),
+        (
+            "dashmap+bucket-sets",
+            Box::new({
+                let keys = k();
+                move || {
+                    let buckets = (0..3602)
+                        .map(|_| Mutex::new(hashbrown::HashSet::with_hasher(Default::default())))
+                        .collect();
+                    let index = DashMap::with_capacity_and_hasher(n, Default::default());
+                    let wheel = DashWheel {
+                        index,
+                        buckets,
+                        keys: Arc::clone(&keys),
+                    };
+                    for key_idx in 0..n {
+                        wheel.renew(key_idx, 0);
+                    }
+                    Box::new(wheel)
+                }
+            }),
+        ),
+        (
+            "map+full-scan",
+            Box::new({
+                let keys = k();
+                move || {
+                    Box::new(prefilled(
+                        ScanMap {
+                            deadlines: fold_map(n),
+                            keys: Arc::clone(&keys),
+                        },
+                        n,
+                    ))
+                }
+            }),
+        ),
+        (
+            "btreemap",
+            Box::new({
+                let keys = k();
+                move || {
+                    Box::new(prefilled(
+                        OrderedSet {
+                            by_deadline: BTreeMap::new(),
+                            deadlines: fold_map(n),
+                            keys: Arc::clone(&keys),
+                        },
+                        n,
+                    ))
+                }
+            }),
+        ),
+        (
+            "binaryheap-lazy",
+            Box::new({
+                let keys = k();
+                move || {
+                    Box::new(prefilled(
+                        LazyHeap {
+                            heap: BinaryHeap::new(),
+                            deadlines: fold_map(n),
+                            keys: Arc::clone(&keys),
+                        },
+                        n,
+                    ))
+                }
+            }),
+        ),
+        (
+            "tokio-delayqueue",
+            Box::new({
+                let keys = k();
+                move || {
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .enable_time()
+                        .build()
+                        .unwrap();
+                    let epoch = {
+                        let _guard = runtime.enter();
+                        Instant::now()
+                    };
+                    let queue = DelayQueue::with_capacity(n);
+                    Box::new(prefilled(
+                        TokioDelayQueue {
+                            queue,
+                            handles: fold_map(n),
+                            keys: Arc::clone(&keys),
+                            epoch,
+                            runtime,
+                        },
+                        n,
+                    ))
+                }
+            }),
+        ),
+    ]
+}
+
+/// Runs `iters` renewals over `threads` threads, each cycling through its share of `order`;
+/// returns the wall time.
+fn run_renewals(
+    subject: &Arc<dyn Subject>,
+    order: &Arc<Vec<u32>>,
+    threads: usize,
+    iters: u64,
+    start_us: &mut u64,
+) -> Duration {
+    let barrier = Arc::new(Barrier::new(threads + 1));
+    let per_thread = iters.div_ceil(threads as u64);
+    let share = order.len() / threads;
+    let handles: Vec<_> = (0..threads)
+        .map(|thread_idx| {
+            let subject = Arc::clone(subject);
+            let barrier = Arc::clone(&barrier);
+            let order = Arc::clone(order);
+            let start = *start_us;
+            std::thread::spawn(move || {
+                let mine = &order[thread_idx * share..(thread_idx + 1) * share];
+                // Each thread sees time advance at the rate of all threads together.
+                let mut clock = SimClock::new(share, start);
+                barrier.wait();
+                for i in 0..per_thread as usize {
+                    subject.renew(mine[i % share] as usize, clock.now_us);
+                    if clock.step() && thread_idx == 0 {
+                        subject.tick(clock.now_us);
+                    }
+                }
+                clock.now_us
+            })
+        })
+        .collect();
+    barrier.wait();
+    let started = StdInstant::now();
+    let ends: Vec<u64> = handles
+        .into_iter()
+        .map(|handle| handle.join().unwrap())
+        .collect();
+    let elapsed = started.elapsed();
+    *start_us = ends.into_iter().max().unwrap_or(*start_us);
+    elapsed
+}
+
+fn renew(c: &mut Criterion) {
+    for (n, label) in sizes() {
+        let keys = keys(n);
+        let order = permutation(n);
+        let mut group = c.benchmark_group(format!("renew/{label}"));
+        group.throughput(Throughput::Elements(1));
+        group.sample_size(10);
+        group.warm_up_time(Duration::from_millis(500));
+        group.measurement_time(Duration::from_secs(2));
+        for (name, make) in subjects(&keys) {
+            let subject: Arc<dyn Subject> = Arc::from(make());
+            let mut now_us = 0;
+            for threads in [1, 2] {
+                group.bench_function(BenchmarkId::new(name, format!("{threads}t")), |b| {
+                    b.iter_custom(|iters| {
+                        run_renewals(&subject, &order, threads, iters, &mut now_us)
+                    })
+                });
+            }
+        }
+        group.finish();
+    }
+}
+
+/// EXPIRE (to another heap deadline) and PERSIST on random heap keys at 1M keys.
+fn heap_expire_persist(c: &mut Criterion) {
+    let n = 1_000_000.min(sizes().last().map_or(0, |(n, _)| *n));
+    let keys = keys(n);
+    let ours = Ours::new(Arc::clone(&keys), TTL_MS + 500);
+    let now = ours.at(0);
+    let mut group = c.benchmark_group("heap-ops/1M");
+    group.throughput(Throughput::Elements(1));
+    group.sample_size(10);
+    group.measurement_time(Duration::from_secs(2));
+    let mut rng = Rng(42);
+    group.bench_function("expire", |b| {
+        b.iter(|| {
+            let ttl_ms = 20_001 + rng.next_idx(20_000) as i64;
+            ours.registry
+                .expire(&keys[rng.next_idx(n)], ExpireAt::In(ttl_ms), None, now)
+                .unwrap()
+        })
+    });
+    group.bench_function("persist+expire", |b| {
+        b.iter(|| {
+            let key = &keys[rng.next_idx(n)];
+            ours.registry.persist(key, now);
+            ours.registry
+                .expire(key, ExpireAt::In(30_500), None, now)
+                .unwrap()
+        })
+    });
+    group.finish();
+}
+
+/// One tick that evicts 1M keys due in the same second (one event subscriber, drained outside
+/// the measurement). Also prints the longest single sweep step, which bounds how long one shard
+/// lock is held.
+fn mass_eviction(c: &mut Criterion) {
+    let n = 1_000_000.min(sizes().last().map_or(0, |(n, _)| *n));
+    let keys = keys(n);
+    let setup = || {
+        let registry = Registry::new(RegistryConfig::default(), Instant::now());
+        let events = registry.subscribe();
+        let epoch = Instant::now();
+        for key in keys.iter() {
+            let heartbeat = Heartbeat {
+                key: key.clone(),
+                ttl: Ttl::from_secs(1).unwrap(),
+                service: None,
+                meta: None,
+            };
+            registry.heartbeat(heartbeat, epoch).unwrap();
+        }
+        (registry, events, epoch + Duration::from_secs(2))
+    };
+    let mut group = c.benchmark_group("evict/1M");
+    group.sample_size(10);
+    group.bench_function("one-tick", |b| {
+        b.iter_batched(
+            setup,
+            |(registry, events, due)| {
+                while registry.sweep(due, 16 * 1024).more {}
+                (registry, events)
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    group.finish();
+
+    let (registry, _events, due) = setup();
+    let mut steps = Vec::new();
+    loop {
+        let started = StdInstant::now();
+        let report = registry.sweep(due, SWEEP_CHUNK);
+        steps.push(started.elapsed());
+        if !report.more {
+            break;
+        }
+    }
+    steps.sort();
+    let pct = |p: f64| steps[((steps.len() - 1) as f64 * p) as usize];
+    println!(
+        "evict/1M/lock-hold: {} steps of <= {SWEEP_CHUNK} slots; p50 {:?}, p99 {:?}, max {:?}",
+        steps.len(),
+        pct(0.5),
+        pct(0.99),
+        steps.last().unwrap()
+    );
+}
+
+criterion_group!(benches, renew, heap_expire_persist, mass_eviction);
+criterion_main!(benches);

@@ -13,6 +13,22 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
+/// An instant in epoch milliseconds: rounded down for "has it passed", up for new deadlines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Now {
+    /// Whole milliseconds since the epoch, rounded down.
+    pub ms: u64,
+    /// The same, rounded up.
+    ceil_ms: u64,
+}
+
+impl Now {
+    /// The deadline `ttl_ms` from now: never before the exact instant plus the TTL.
+    pub fn deadline_ms(self, ttl_ms: u64) -> u64 {
+        self.ceil_ms.saturating_add(ttl_ms)
+    }
+}
+
 /// Converts between instants, epoch milliseconds and Unix milliseconds.
 #[derive(Clone, Copy, Debug)]
 pub struct Clock {
@@ -38,17 +54,25 @@ impl Clock {
         }
     }
 
+    /// `now` in epoch milliseconds, read once (an `Instant` subtraction is not free on the
+    /// heartbeat path).
+    pub fn at(&self, now: Instant) -> Now {
+        let since = now.saturating_duration_since(self.epoch);
+        let ms = since.as_millis() as u64;
+        Now {
+            ms,
+            ceil_ms: ms + u64::from(since.subsec_nanos() % 1_000_000 != 0),
+        }
+    }
+
     /// Whole milliseconds elapsed between the epoch and `now`, rounded down.
     pub fn now_ms(&self, now: Instant) -> u64 {
-        now.saturating_duration_since(self.epoch).as_millis() as u64
+        self.at(now).ms
     }
 
     /// The deadline `ttl_ms` after `now`, with `now` rounded up to the next whole millisecond.
     pub fn deadline_ms(&self, now: Instant, ttl_ms: u64) -> u64 {
-        let since = now.saturating_duration_since(self.epoch);
-        let now_ms_ceil =
-            since.as_millis() as u64 + u64::from(since.subsec_nanos() % 1_000_000 != 0);
-        now_ms_ceil.saturating_add(ttl_ms)
+        self.at(now).deadline_ms(ttl_ms)
     }
 
     /// The instant at `ms` after the epoch.

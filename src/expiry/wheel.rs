@@ -16,6 +16,10 @@
 //! can fix that key's position). Detaching the due bucket is O(1) (`mem::take`); the owner then
 //! spends work only on the slots it finds there.
 //!
+//! A bucket may also hold *stale* slot ids: the owner may leave a renewed key's old element in
+//! place rather than remove it (see `registry::shard` for when and why); whoever reads a bucket
+//! checks each element against the key's recorded tick.
+//!
 //! The wheel is pure: it is handed ticks, never reads a clock, knows nothing of keys. Its owner
 //! (`registry::shard`) keeps each key's `(tick, pos)` and must call [`TimingWheel::remove`] only
 //! for a tick the wheel still holds ([`TimingWheel::holds`]); slots of detached buckets belong to
@@ -85,13 +89,14 @@ impl TimingWheel {
     }
 
     /// Removes the slot at `pos` in the bucket of `tick`. Returns the slot that was moved into
-    /// `pos` to fill the hole, if any: its owner must record its new position.
-    pub fn remove(&mut self, tick: Tick, pos: u32) -> Option<SlotId> {
+    /// `pos` to fill the hole, if any, with the position it came from: if that was the moved
+    /// slot's recorded position, its owner must record the new one.
+    pub fn remove(&mut self, tick: Tick, pos: u32) -> Option<(SlotId, u32)> {
         debug_assert!(self.holds(tick), "tick {tick} was already detached");
         let bucket = self.bucket_mut(tick);
-        let pos = pos as usize;
-        bucket.swap_remove(pos);
-        bucket.get(pos).copied()
+        bucket.swap_remove(pos as usize);
+        let moved = *bucket.get(pos as usize)?;
+        Some((moved, bucket.len() as u32))
     }
 
     /// Detaches the bucket of the next tick, `swept_through + 1`, in O(1), and returns that tick
@@ -161,7 +166,7 @@ mod tests {
         assert_eq!(wheel.insert(5, 10), 0);
         assert_eq!(wheel.insert(5, 11), 1);
         assert_eq!(wheel.insert(5, 12), 2);
-        assert_eq!(wheel.remove(5, 0), Some(12));
+        assert_eq!(wheel.remove(5, 0), Some((12, 2)));
         assert_eq!(wheel.remove(5, 1), None); // 11 was last: nothing moves
         assert_eq!(wheel.bucket_len(5), 1);
     }

@@ -30,7 +30,7 @@ use tokio::time::Instant;
 pub use listing::{ExpiredRecord, ListFilter};
 pub use services::{ServiceId, MAX_SERVICES};
 
-use crate::clock::Clock;
+use crate::clock::{Clock, Now};
 use crate::events::{EventBus, EventReceiver};
 use crate::expiry::wheel::{SlotId, Tick};
 use crate::expiry::TimerKind;
@@ -56,6 +56,12 @@ pub struct RegistryConfig {
     pub expired_retention_ms: u64,
     /// How many expired keys stay listable at most (spread evenly over the shards).
     pub expired_max: usize,
+    /// Stale wheel elements a shard may hold per key, plus `stale_slack`, before renewals
+    /// remove old elements eagerly (see `shard::Shard::unschedule`). A client renewing every
+    /// TTL/3 leaves about two per key (each lives until its old deadline); each costs 4 bytes.
+    /// Tests set both to 0 to exercise the eager path.
+    pub stale_per_key: usize,
+    pub stale_slack: usize,
 }
 
 impl Default for RegistryConfig {
@@ -67,6 +73,8 @@ impl Default for RegistryConfig {
             listing: true,
             expired_retention_ms: 3_600_000,
             expired_max: 100_000,
+            stale_per_key: 4,
+            stale_slack: 4096,
         }
     }
 }
@@ -263,13 +271,7 @@ impl Registry {
             events: &events,
         };
         let shards = (0..config.shards)
-            .map(|_| {
-                PaddedShard(Mutex::new(Shard::new(
-                    &ctx,
-                    hasher,
-                    expired_per_shard,
-                )))
-            })
+            .map(|_| PaddedShard(Mutex::new(Shard::new(&ctx, hasher, expired_per_shard))))
             .collect();
         Self {
             config,
@@ -326,6 +328,7 @@ impl Registry {
             None => None,
         };
         let ttl_ms = heartbeat.ttl.as_millis();
+        let now = self.clock.at(now);
         let (hash, shard) = self.shard_of(&heartbeat.key);
         let renewal = {
             let ctx = self.ctx();
@@ -357,22 +360,26 @@ impl Registry {
 
     /// The alive key, if any.
     pub fn get(&self, key: &Key, now: Instant) -> Option<KeyView> {
+        let now = self.clock.at(now);
         let view = self.with_shard(key, |hash, shard, ctx| shard.view(hash, key, ctx, now))?;
         Some(self.display(view, now))
     }
 
     /// TTL / PTTL.
     pub fn state(&self, key: &Key, now: Instant) -> KeyState {
+        let now = self.clock.at(now);
         self.with_shard(key, |hash, shard, ctx| shard.state(hash, key, ctx, now))
     }
 
     /// PERSIST: `None` when the key is missing, else whether a TTL was removed.
     pub fn persist(&self, key: &Key, now: Instant) -> Option<bool> {
+        let now = self.clock.at(now);
         self.with_shard(key, |hash, shard, ctx| shard.persist(hash, key, ctx, now))
     }
 
     /// DEL: whether the key existed. Publishes a `deleted` event.
     pub fn delete(&self, key: &Key, now: Instant) -> bool {
+        let now = self.clock.at(now);
         self.with_shard(key, |hash, shard, ctx| shard.delete(hash, key, ctx, now))
     }
 
@@ -384,9 +391,10 @@ impl Registry {
         condition: Option<ExpireCondition>,
         now: Instant,
     ) -> Result<ExpireOutcome, RegistryError> {
-        let now_ms = self.clock.now_ms(now) as i64;
+        let now = self.clock.at(now);
+        let now_ms = now.ms as i64;
         let target_ms = match at {
-            ExpireAt::In(ms) if ms > 0 => self.clock.deadline_ms(now, ms as u64) as i64,
+            ExpireAt::In(ms) if ms > 0 => now.deadline_ms(ms as u64) as i64,
             ExpireAt::In(ms) => now_ms.saturating_add(ms),
             ExpireAt::AtUnixMs(unix_ms) => self.clock.ms_from_unix(unix_ms),
         };
@@ -409,10 +417,10 @@ impl Registry {
         limit: usize,
         now: Instant,
     ) -> (Vec<KeyView>, bool) {
-        let ctx = self.ctx();
+        let now = self.clock.at(now);
         let views = self.merge_pages(
             limit,
-            |shard| shard.list_alive(filter, limit + 1, &ctx, now),
+            |shard| shard.list_alive(filter, limit + 1, now),
             |view| &view.key,
         );
         let more = views.len() > limit;
@@ -479,7 +487,8 @@ impl Registry {
     /// [`SweepReport::more`] is set, call again.
     pub fn sweep(&self, now: Instant, budget: usize) -> SweepReport {
         let ctx = self.ctx();
-        let now_ms = self.clock.now_ms(now);
+        let now = self.clock.at(now);
+        let now_ms = now.ms;
         let mut guard = self.sweep_state.lock();
         let state = &mut *guard;
         let mut report = SweepReport::default();
@@ -613,8 +622,8 @@ impl Registry {
         items
     }
 
-    fn display(&self, view: EntryView, now: Instant) -> KeyView {
-        let now_ms = self.clock.now_ms(now);
+    fn display(&self, view: EntryView, now: Now) -> KeyView {
+        let now_ms = now.ms;
         KeyView {
             key: view.key,
             service: self.services.name(view.service),

@@ -10,19 +10,19 @@
 //! - every entry is in `index` exactly once, under the hash of its key;
 //! - an entry's [`TimerRef`] says where its deadline lives: a wheel tick (and its position in that
 //!   bucket while the wheel still holds the tick), the heap, or nowhere (persistent);
-//!   a slot is in at most one live wheel bucket and at most once in the heap;
-//! - a slot id found in a detached bucket whose entry is gone, or is scheduled elsewhere, is stale
-//!   and skipped;
+//!   a slot is current in at most one wheel bucket and at most once in the heap;
+//! - a slot id in a bucket whose entry is gone, or is scheduled at another tick, is stale and
+//!   skipped by the sweeper; `n_stale` counts them (see `Shard::unschedule`);
 //! - `ordered` holds exactly the alive keys; `alive_by_service[s]` counts them per service.
 
 use foldhash::fast::RandomState;
 use hashbrown::HashTable;
 use std::hash::BuildHasher;
-use tokio::time::Instant;
 
 use super::listing::{ExpiredLog, ExpiredRecord, ListFilter, OrderedIndex};
 use super::services::ServiceId;
 use super::{Ctx, ExpireCondition, ExpireOutcome, KeyState};
+use crate::clock::Now;
 use crate::events::{Event, EventKind};
 use crate::expiry::heap::DeadlineHeap;
 use crate::expiry::wheel::{SlotId, Tick, TimingWheel};
@@ -178,6 +178,14 @@ pub(super) struct Shard {
     heap: DeadlineHeap,
     /// Hashes keys for `index`; the same state the registry uses to pick the shard.
     hasher: RandomState,
+    /// Wheel elements that are no longer their slot's current one: left behind by a renewal,
+    /// removal or move, and dropped by the sweeper when their bucket comes due. Bounded by
+    /// `stale_per_key` per key plus `stale_slack` (see `unschedule`).
+    n_stale: usize,
+    /// Stale elements allowed per key before renewals remove old elements eagerly.
+    stale_per_key: usize,
+    /// Stale elements this shard may hold regardless of its size.
+    stale_slack: usize,
     /// Alive keys per service id (index 0: keys without a service).
     alive_by_service: Vec<u32>,
     /// Alive keys in order; `None` when listing is disabled (benchmarks of the bare engine).
@@ -193,6 +201,9 @@ impl Shard {
             wheel: TimingWheel::new(ctx.config.max_ttl_s, 0),
             heap: DeadlineHeap::new(),
             hasher,
+            n_stale: 0,
+            stale_per_key: ctx.config.stale_per_key,
+            stale_slack: ctx.config.stale_slack,
             alive_by_service: Vec::new(),
             ordered: ctx.config.listing.then(OrderedIndex::default),
             expired: ExpiredLog::new(ctx.config.expired_retention_ms, expired_max),
@@ -213,10 +224,10 @@ impl Shard {
         service: Option<ServiceId>,
         meta: Option<Meta>,
         ctx: &Ctx<'_>,
-        now: Instant,
+        now: Now,
     ) -> Renewal {
-        let now_ms = ctx.clock.now_ms(now);
-        let deadline_ms = ctx.clock.deadline_ms(now, ttl_ms);
+        let now_ms = now.ms;
+        let deadline_ms = now.deadline_ms(ttl_ms);
         let timer = TimerKind::for_ttl(ttl_ms, ctx.config.max_ttl_s);
         let (slot, created) = match self.find_alive(hash, key, ctx, now_ms) {
             Some(slot) => {
@@ -255,13 +266,13 @@ impl Shard {
         }
     }
 
-    pub fn view(&mut self, hash: u64, key: &Key, ctx: &Ctx<'_>, now: Instant) -> Option<EntryView> {
-        let slot = self.find_alive(hash, key, ctx, ctx.clock.now_ms(now))?;
+    pub fn view(&mut self, hash: u64, key: &Key, ctx: &Ctx<'_>, now: Now) -> Option<EntryView> {
+        let slot = self.find_alive(hash, key, ctx, now.ms)?;
         Some(self.view_of(slot))
     }
 
-    pub fn state(&mut self, hash: u64, key: &Key, ctx: &Ctx<'_>, now: Instant) -> KeyState {
-        let now_ms = ctx.clock.now_ms(now);
+    pub fn state(&mut self, hash: u64, key: &Key, ctx: &Ctx<'_>, now: Now) -> KeyState {
+        let now_ms = now.ms;
         match self.find_alive(hash, key, ctx, now_ms) {
             None => KeyState::Missing,
             Some(slot) => match self.slots.entry(slot).deadline() {
@@ -272,8 +283,8 @@ impl Shard {
     }
 
     /// PERSIST: `None` when missing, else whether a TTL was removed.
-    pub fn persist(&mut self, hash: u64, key: &Key, ctx: &Ctx<'_>, now: Instant) -> Option<bool> {
-        let slot = self.find_alive(hash, key, ctx, ctx.clock.now_ms(now))?;
+    pub fn persist(&mut self, hash: u64, key: &Key, ctx: &Ctx<'_>, now: Now) -> Option<bool> {
+        let slot = self.find_alive(hash, key, ctx, now.ms)?;
         if self.slots.entry(slot).deadline().is_none() {
             return Some(false);
         }
@@ -282,8 +293,8 @@ impl Shard {
         Some(true)
     }
 
-    pub fn delete(&mut self, hash: u64, key: &Key, ctx: &Ctx<'_>, now: Instant) -> bool {
-        let now_ms = ctx.clock.now_ms(now);
+    pub fn delete(&mut self, hash: u64, key: &Key, ctx: &Ctx<'_>, now: Now) -> bool {
+        let now_ms = now.ms;
         match self.find_alive(hash, key, ctx, now_ms) {
             Some(slot) => {
                 self.remove(slot, EventKind::Deleted, ctx, now_ms);
@@ -302,9 +313,9 @@ impl Shard {
         target_ms: i64,
         condition: Option<ExpireCondition>,
         ctx: &Ctx<'_>,
-        now: Instant,
+        now: Now,
     ) -> ExpireOutcome {
-        let now_ms = ctx.clock.now_ms(now);
+        let now_ms = now.ms;
         let Some(slot) = self.find_alive(hash, key, ctx, now_ms) else {
             return ExpireOutcome::NotFound;
         };
@@ -343,17 +354,19 @@ impl Shard {
         tick: Tick,
         slots: &[SlotId],
         ctx: &Ctx<'_>,
-        now: Instant,
+        now: Now,
     ) -> usize {
-        let now_ms = ctx.clock.now_ms(now);
+        let now_ms = now.ms;
         let mut n_expired = 0;
         for &slot in slots {
-            let Some(entry) = self.slots.get(slot) else {
+            let current = self.slots.get(slot).filter(
+                |entry| matches!(entry.timer.get(), Timer::Wheel { tick: at, .. } if at == tick),
+            );
+            let Some(entry) = current else {
+                // Stale: renewed, moved to the heap, persisted, removed, or a reused slot.
+                self.n_stale = self.n_stale.saturating_sub(1);
                 continue;
             };
-            if !matches!(entry.timer.get(), Timer::Wheel { tick: at, .. } if at == tick) {
-                continue; // stale: renewed, moved to the heap, persisted, or a reused slot
-            }
             if entry.deadline_ms <= now_ms {
                 self.remove(slot, EventKind::Expired, ctx, now_ms);
                 n_expired += 1;
@@ -370,8 +383,8 @@ impl Shard {
     }
 
     /// Expires up to `max` heap keys that are due. Returns how many expired and whether more are due.
-    pub fn expire_due_heap(&mut self, max: usize, ctx: &Ctx<'_>, now: Instant) -> (usize, bool) {
-        let now_ms = ctx.clock.now_ms(now);
+    pub fn expire_due_heap(&mut self, max: usize, ctx: &Ctx<'_>, now: Now) -> (usize, bool) {
+        let now_ms = now.ms;
         let mut n_expired = 0;
         while let Some((deadline_ms, slot)) = self.heap.peek() {
             if deadline_ms > now_ms {
@@ -392,17 +405,11 @@ impl Shard {
     }
 
     /// Up to `limit` alive keys matching `filter`, in key order.
-    pub fn list_alive(
-        &self,
-        filter: &ListFilter,
-        limit: usize,
-        ctx: &Ctx<'_>,
-        now: Instant,
-    ) -> Vec<EntryView> {
+    pub fn list_alive(&self, filter: &ListFilter, limit: usize, now: Now) -> Vec<EntryView> {
         let Some(ordered) = &self.ordered else {
             return Vec::new();
         };
-        let now_ms = ctx.clock.now_ms(now);
+        let now_ms = now.ms;
         ordered
             .scan(filter)
             .filter_map(|key| self.find(self.hasher.hash_one(key.as_str()), key))
@@ -534,21 +541,37 @@ impl Shard {
         self.slots.entry_mut(slot).timer = next;
     }
 
-    /// Takes `slot` out of whatever timer holds it. A slot in a bucket the sweeper already
-    /// detached is left there: the sweeper will find it stale.
+    /// Takes `slot` out of whatever timer holds it.
+    ///
+    /// A wheel element is normally left in its bucket as a stale element (counted in
+    /// `n_stale`): removing it costs two random memory accesses (the hole in the bucket and the
+    /// back-reference of the element moved into it), which is most of a renewal's cost once the
+    /// keys no longer fit in cache. The sweeper skips stale elements when their bucket comes due.
+    /// A client that renews far more often than its TTL would pile up stale elements, so past
+    /// `stale_per_key` per key the shard removes elements eagerly until the sweeper has caught up.
     fn unschedule(&mut self, slot: SlotId) {
         match self.slots.entry(slot).timer.get() {
-            Timer::Wheel { tick, pos } if self.wheel.holds(tick) => {
-                if let Some(moved) = self.wheel.remove(tick, pos) {
-                    self.slots.entry_mut(moved).timer.pos = pos;
+            Timer::Wheel { tick, pos } if self.wheel.holds(tick) && self.too_many_stale() => {
+                if let Some((moved, from)) = self.wheel.remove(tick, pos) {
+                    let moved_timer = &mut self.slots.entry_mut(moved).timer;
+                    // Only the moved slot's current element records its position; a stale
+                    // element of it may be the one that moved.
+                    if moved_timer.get() == (Timer::Wheel { tick, pos: from }) {
+                        moved_timer.pos = pos;
+                    }
                 }
             }
+            Timer::Wheel { .. } => self.n_stale += 1,
             Timer::Heap => {
                 self.heap.remove(slot);
             }
-            Timer::Wheel { .. } | Timer::Persistent => {}
+            Timer::Persistent => {}
         }
         self.slots.entry_mut(slot).timer = TimerRef::PERSISTENT;
+    }
+
+    fn too_many_stale(&self) -> bool {
+        self.n_stale >= self.stale_per_key * self.index.len() + self.stale_slack
     }
 
     fn change_service(&mut self, slot: SlotId, service: ServiceId) {

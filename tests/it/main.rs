@@ -26,11 +26,25 @@ pub struct Harness {
 
 impl Harness {
     pub fn new(max_ttl_s: u32) -> Self {
-        let config = RegistryConfig {
+        Self::with_config(RegistryConfig {
             max_ttl_s,
             shards: 4,
             ..RegistryConfig::default()
-        };
+        })
+    }
+
+    /// Every renewal removes its old wheel element at once instead of leaving it stale.
+    pub fn eager(max_ttl_s: u32) -> Self {
+        Self::with_config(RegistryConfig {
+            max_ttl_s,
+            shards: 4,
+            stale_per_key: 0,
+            stale_slack: 0,
+            ..RegistryConfig::default()
+        })
+    }
+
+    pub fn with_config(config: RegistryConfig) -> Self {
         let epoch = Instant::now();
         let registry =
             Registry::with_clock(config, Clock::with_unix_ms_at_epoch(epoch, UNIX_AT_EPOCH));

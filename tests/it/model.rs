@@ -157,8 +157,7 @@ impl Model {
     }
 }
 
-fn run(ops: &[Op]) {
-    let mut harness = Harness::new(MAX_TTL_S);
+fn run(ops: &[Op], mut harness: Harness) {
     let mut model = Model::default();
     for op in ops {
         let now = harness.now();
@@ -342,6 +341,13 @@ proptest! {
 
     #[test]
     fn the_registry_behaves_like_a_map_of_deadlines(ops in prop::collection::vec(op(), 1..120)) {
-        run(&ops);
+        run(&ops, Harness::new(MAX_TTL_S));
+    }
+
+    /// The same with every stale wheel element removed at once (the path a shard takes when
+    /// clients renew far more often than their TTL).
+    #[test]
+    fn the_registry_behaves_like_a_map_of_deadlines_with_eager_removal(ops in prop::collection::vec(op(), 1..120)) {
+        run(&ops, Harness::eager(MAX_TTL_S));
     }
 }

@@ -15,8 +15,59 @@
 //! See `ARCHITECTURE.md` for the map and the invariants.
 
 pub mod clock;
+pub mod config;
 pub mod events;
 pub mod expiry;
+pub mod http;
 pub mod registry;
 pub mod ticker;
 pub mod types;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+
+use config::Config;
+use registry::{Registry, RegistryConfig};
+use types::Ttl;
+
+/// The registry settings that `config` implies.
+pub fn registry_config(config: &Config) -> RegistryConfig {
+    RegistryConfig {
+        max_ttl_s: config.max_ttl,
+        expired_retention_ms: config.expired_retention.as_millis() as u64,
+        expired_max: config.expired_max,
+        ..RegistryConfig::default()
+    }
+}
+
+/// Serves the API on `listener` until `shutdown` resolves: then stops accepting, finishes
+/// in-flight requests, stops the ticker, and returns.
+pub async fn run(
+    listener: TcpListener,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let registry = Arc::new(Registry::new(registry_config(&config), Instant::now()));
+    let default_ttl = Ttl::from_secs(config.default_ttl)
+        .map_err(|invalid| std::io::Error::new(std::io::ErrorKind::InvalidInput, invalid))?;
+    let (stop_ticker, ticker_stopped) = tokio::sync::oneshot::channel::<()>();
+    let ticker = tokio::spawn(ticker::run(Arc::clone(&registry), async {
+        // An error means the sender is gone, which also means: stop.
+        let _ = ticker_stopped.await;
+    }));
+    let app = http::app(http::AppState {
+        registry,
+        default_ttl,
+    });
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await;
+    let _ = stop_ticker.send(());
+    if let Err(panicked) = ticker.await {
+        tracing::error!(%panicked, "the ticker task failed");
+    }
+    served
+}

@@ -1,1 +1,60 @@
-fn main() {}
+//! The `ttlwheel` binary: flags to [`Config`], logging, bind, [`ttlwheel::run`].
+
+use anyhow::Context;
+use clap::Parser;
+use tokio::net::TcpListener;
+use tracing_subscriber::EnvFilter;
+use ttlwheel::config::{Config, LogFormat};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let config = Config::parse();
+    init_tracing(config.log_format);
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let address = listener.local_addr().context("reading the bound address")?;
+    tracing::info!(%address, max_ttl_s = config.max_ttl, default_ttl_s = config.default_ttl, "ttlwheel listening on http://{address}");
+    ttlwheel::run(listener, config, shutdown_signal())
+        .await
+        .context("serving")?;
+    tracing::info!("ttlwheel stopped");
+    Ok(())
+}
+
+/// Logs to stderr, at `info` unless `RUST_LOG` says otherwise.
+fn init_tracing(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            tracing::error!(%error, "cannot listen for SIGINT");
+            std::future::pending::<()>().await;
+        }
+    };
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = interrupt => tracing::info!("SIGINT: shutting down"),
+        () = terminate => tracing::info!("SIGTERM: shutting down"),
+    }
+}

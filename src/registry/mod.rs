@@ -96,6 +96,8 @@ pub struct HeartbeatOutcome {
     pub created: bool,
     pub service: Option<ServiceName>,
     pub ttl_ms: u64,
+    /// Milliseconds to the deadline (never more than `ttl_ms`: see `Clock` on rounding).
+    pub expires_in_ms: u64,
     pub expires_at_ms: u64,
     pub timer: TimerKind,
 }
@@ -353,6 +355,7 @@ impl Registry {
                 None => self.services.name(renewal.service),
             },
             ttl_ms,
+            expires_in_ms: (renewal.deadline_ms - now.ms).min(ttl_ms),
             expires_at_ms: self.clock.unix_ms(renewal.deadline_ms),
             timer: renewal.timer,
         })
@@ -393,16 +396,20 @@ impl Registry {
     ) -> Result<ExpireOutcome, RegistryError> {
         let now = self.clock.at(now);
         let now_ms = now.ms as i64;
-        let target_ms = match at {
-            ExpireAt::In(ms) if ms > 0 => now.deadline_ms(ms as u64) as i64,
-            ExpireAt::In(ms) => now_ms.saturating_add(ms),
-            ExpireAt::AtUnixMs(unix_ms) => self.clock.ms_from_unix(unix_ms),
+        let (target_ms, ttl_ms) = match at {
+            ExpireAt::In(ms) if ms > 0 => (now.deadline_ms(ms as u64) as i64, ms),
+            ExpireAt::In(ms) => (now_ms.saturating_add(ms), ms),
+            ExpireAt::AtUnixMs(unix_ms) => {
+                let target_ms = self.clock.ms_from_unix(unix_ms);
+                (target_ms, target_ms.saturating_sub(now_ms))
+            }
         };
-        if target_ms.saturating_sub(now_ms) > MAX_TTL_MS as i64 {
+        if ttl_ms > MAX_TTL_MS as i64 {
             return Err(InvalidInput::Ttl.into());
         }
+        let ttl_ms = ttl_ms.max(0) as u64;
         let outcome = self.with_shard(key, |hash, shard, ctx| {
-            shard.expire(hash, key, target_ms, condition, ctx, now)
+            shard.expire(hash, key, target_ms, ttl_ms, condition, ctx, now)
         });
         if let ExpireOutcome::Applied { .. } = outcome {
             self.wake_for_heap_deadline(target_ms as u64);
@@ -631,7 +638,8 @@ impl Registry {
             ttl_ms: view.ttl_ms,
             expires_in_ms: view
                 .deadline_ms
-                .map(|deadline_ms| deadline_ms.saturating_sub(now_ms)),
+                .zip(view.ttl_ms)
+                .map(|(deadline_ms, ttl_ms)| deadline_ms.saturating_sub(now_ms).min(ttl_ms)),
             expires_at_ms: view
                 .deadline_ms
                 .map(|deadline_ms| self.clock.unix_ms(deadline_ms)),

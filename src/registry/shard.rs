@@ -100,6 +100,13 @@ impl Entry {
     fn deadline(&self) -> Option<u64> {
         (self.deadline_ms != NO_DEADLINE).then_some(self.deadline_ms)
     }
+
+    /// Milliseconds left at `now_ms`, never more than the TTL (a deadline counts from `now`
+    /// rounded up, which would otherwise show one millisecond too many).
+    fn remaining(&self, now_ms: u64) -> Option<u64> {
+        self.deadline()
+            .map(|deadline_ms| deadline_ms.saturating_sub(now_ms).min(self.ttl_ms))
+    }
 }
 
 /// A snapshot of an alive key, in epoch ms; `registry` turns it into display times.
@@ -275,9 +282,9 @@ impl Shard {
         let now_ms = now.ms;
         match self.find_alive(hash, key, ctx, now_ms) {
             None => KeyState::Missing,
-            Some(slot) => match self.slots.entry(slot).deadline() {
+            Some(slot) => match self.slots.entry(slot).remaining(now_ms) {
                 None => KeyState::Persistent,
-                Some(deadline_ms) => KeyState::ExpiresIn(deadline_ms - now_ms),
+                Some(remaining_ms) => KeyState::ExpiresIn(remaining_ms),
             },
         }
     }
@@ -305,12 +312,14 @@ impl Shard {
     }
 
     /// EXPIRE / PEXPIREAT with Redis 7 semantics; `target_ms` is the new deadline in epoch ms
-    /// (negative: before the epoch) and `ttl_ms` the TTL it amounts to.
+    /// (negative: before the epoch) and `ttl_ms` the TTL it amounts to (it picks the timer).
+    #[allow(clippy::too_many_arguments)] // one call site; a struct would only rename them
     pub fn expire(
         &mut self,
         hash: u64,
         key: &Key,
         target_ms: i64,
+        ttl_ms: u64,
         condition: Option<ExpireCondition>,
         ctx: &Ctx<'_>,
         now: Now,
@@ -322,7 +331,7 @@ impl Shard {
         let current = self.slots.entry(slot).deadline();
         if !condition.is_none_or(|condition| condition.allows(current, target_ms)) {
             return ExpireOutcome::NotApplied {
-                ttl_ms: current.map(|deadline_ms| deadline_ms - now_ms),
+                ttl_ms: self.slots.entry(slot).remaining(now_ms),
             };
         }
         if target_ms <= now_ms as i64 {
@@ -330,7 +339,6 @@ impl Shard {
             return ExpireOutcome::Deleted;
         }
         let deadline_ms = target_ms as u64;
-        let ttl_ms = deadline_ms - now_ms;
         self.schedule(
             slot,
             Some(TimerKind::for_ttl(ttl_ms, ctx.config.max_ttl_s)),

@@ -1,8 +1,12 @@
 //! One integration-test binary (one link step for every suite).
 
+mod api;
+mod binary;
 mod concurrency;
+mod contract;
 mod engine;
 mod model;
+mod server;
 
 use std::sync::Arc;
 use std::time::Duration;

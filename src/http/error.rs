@@ -1,0 +1,120 @@
+//! The one error type of the HTTP boundary.
+//!
+//! Every error answer is `{"error":{"code":"<snake_case>","message":"<text>"}}`; each variant
+//! maps to exactly one status in [`ApiError::status`]. Client mistakes are 4xx with a message
+//! that says what to fix; an internal failure is logged in full and answered with a generic 500.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use crate::registry::RegistryError;
+use crate::types::InvalidInput;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    InvalidJson(String),
+    #[error("{0}")]
+    InvalidKey(String),
+    #[error("{0}")]
+    InvalidService(String),
+    #[error("{0}")]
+    InvalidMeta(String),
+    #[error("{0}")]
+    InvalidTtl(String),
+    #[error("{0}")]
+    InvalidQuery(String),
+    #[error("a batch holds at most {max} heartbeats, this one has {got}")]
+    BatchTooLarge { max: usize, got: usize },
+    #[error("{0}")]
+    TooManyServices(String),
+    #[error("no such key")]
+    KeyNotFound,
+    #[error("no such route")]
+    RouteNotFound,
+    #[error("method not allowed on this route")]
+    MethodNotAllowed,
+    #[error("request body larger than {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+    #[error("content type must be application/json")]
+    UnsupportedMediaType,
+    /// A bug or a failure of ours; the detail is logged, not sent.
+    #[error("internal error")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::InvalidJson(_)
+            | Self::InvalidKey(_)
+            | Self::InvalidService(_)
+            | Self::InvalidMeta(_)
+            | Self::InvalidTtl(_)
+            | Self::InvalidQuery(_)
+            | Self::BatchTooLarge { .. } => StatusCode::BAD_REQUEST,
+            Self::TooManyServices(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::KeyNotFound | Self::RouteNotFound => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::InvalidJson(_) => "invalid_json",
+            Self::InvalidKey(_) => "invalid_key",
+            Self::InvalidService(_) => "invalid_service",
+            Self::InvalidMeta(_) => "invalid_meta",
+            Self::InvalidTtl(_) => "invalid_ttl",
+            Self::InvalidQuery(_) => "invalid_query",
+            Self::BatchTooLarge { .. } => "batch_too_large",
+            Self::TooManyServices(_) => "too_many_services",
+            Self::KeyNotFound => "not_found",
+            Self::RouteNotFound => "route_not_found",
+            Self::MethodNotAllowed => "method_not_allowed",
+            Self::PayloadTooLarge { .. } => "payload_too_large",
+            Self::UnsupportedMediaType => "unsupported_media_type",
+            Self::Internal(_) => "internal",
+        }
+    }
+
+    /// The `{"error":{...}}` body, also used for per-item errors in a batch.
+    pub fn body(&self) -> serde_json::Value {
+        json!({ "error": { "code": self.code(), "message": self.to_string() } })
+    }
+}
+
+impl From<InvalidInput> for ApiError {
+    fn from(invalid: InvalidInput) -> Self {
+        let message = invalid.to_string();
+        match invalid {
+            InvalidInput::Key(_) => Self::InvalidKey(message),
+            InvalidInput::Service => Self::InvalidService(message),
+            InvalidInput::Meta(_) => Self::InvalidMeta(message),
+            InvalidInput::Ttl => Self::InvalidTtl(message),
+        }
+    }
+}
+
+impl From<RegistryError> for ApiError {
+    fn from(error: RegistryError) -> Self {
+        match error {
+            RegistryError::Invalid(invalid) => invalid.into(),
+            RegistryError::TooManyServices => Self::TooManyServices(error.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if let Self::Internal(detail) = &self {
+            tracing::error!(%detail, "internal error");
+        }
+        (self.status(), Json(self.body())).into_response()
+    }
+}

@@ -1,0 +1,144 @@
+//! `POST /v1/heartbeats` and `POST /v1/heartbeats/batch`: register or renew keys.
+
+use axum::extract::State;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use tokio::time::Instant;
+
+use super::error::ApiError;
+use super::extract::{parse_json, JsonBytes, BATCH_BODY_LIMIT, BODY_LIMIT};
+use super::{rfc3339, AppState};
+use crate::expiry::TimerKind;
+use crate::registry::{Heartbeat, HeartbeatOutcome};
+use crate::types::{Key, Meta, ServiceName, Ttl};
+
+/// Most heartbeats in one batch.
+pub const MAX_BATCH: usize = 1000;
+
+/// A heartbeat as sent. Unknown fields are refused so that typos (`"ttl"`) surface.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HeartbeatBody<'a> {
+    #[serde(borrow)]
+    key: std::borrow::Cow<'a, str>,
+    ttl_s: Option<serde_json::Number>,
+    ttl_ms: Option<serde_json::Number>,
+    #[serde(borrow)]
+    service: Option<std::borrow::Cow<'a, str>>,
+    meta: Option<serde_json::Value>,
+}
+
+/// What a heartbeat answers.
+#[derive(Debug, Serialize)]
+pub struct HeartbeatResponse {
+    key: Key,
+    service: Option<String>,
+    created: bool,
+    ttl_ms: u64,
+    expires_in_ms: u64,
+    expires_at: String,
+    timer: TimerKind,
+}
+
+pub async fn heartbeats_post(
+    State(state): State<AppState>,
+    JsonBytes(body): JsonBytes<BODY_LIMIT>,
+) -> Result<Json<HeartbeatResponse>, ApiError> {
+    let body: HeartbeatBody<'_> = parse_json(&body)?;
+    Ok(Json(apply(&state, body, Instant::now())?))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchBody<'a> {
+    #[serde(borrow)]
+    heartbeats: Vec<&'a RawValue>,
+}
+
+/// One result of a batch: the heartbeat's answer or its error.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum BatchItem {
+    Ok(HeartbeatResponse),
+    Err(serde_json::Value),
+}
+
+#[derive(Debug, Serialize)]
+pub struct BatchResponse {
+    results: Vec<BatchItem>,
+}
+
+pub async fn heartbeats_batch(
+    State(state): State<AppState>,
+    JsonBytes(body): JsonBytes<BATCH_BODY_LIMIT>,
+) -> Result<Json<BatchResponse>, ApiError> {
+    let batch: BatchBody<'_> = parse_json(body.as_ref())?;
+    if batch.heartbeats.len() > MAX_BATCH {
+        return Err(ApiError::BatchTooLarge {
+            max: MAX_BATCH,
+            got: batch.heartbeats.len(),
+        });
+    }
+    let now = Instant::now();
+    let results = batch
+        .heartbeats
+        .into_iter()
+        .map(|item| {
+            let outcome = parse_json::<HeartbeatBody<'_>>(item.get().as_bytes())
+                .and_then(|body| apply(&state, body, now));
+            match outcome {
+                Ok(response) => BatchItem::Ok(response),
+                Err(error) => BatchItem::Err(error.body()),
+            }
+        })
+        .collect();
+    Ok(Json(BatchResponse { results }))
+}
+
+/// Validates one heartbeat and hands it to the registry.
+fn apply(
+    state: &AppState,
+    body: HeartbeatBody<'_>,
+    now: Instant,
+) -> Result<HeartbeatResponse, ApiError> {
+    let key = Key::new(&body.key)?;
+    let ttl = match (body.ttl_s, body.ttl_ms) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::InvalidTtl(
+                "give ttl_s or ttl_ms, not both".into(),
+            ))
+        }
+        (Some(seconds), None) => Ttl::from_secs(whole_number(&seconds, "ttl_s")?)?,
+        (None, Some(millis)) => Ttl::from_millis(whole_number(&millis, "ttl_ms")?)?,
+        (None, None) => state.default_ttl,
+    };
+    let service = body.service.as_deref().map(ServiceName::new).transpose()?;
+    let meta = body.meta.as_ref().map(Meta::from_value).transpose()?;
+    let heartbeat = Heartbeat {
+        key,
+        ttl,
+        service,
+        meta,
+    };
+    let key = heartbeat.key.clone();
+    let outcome: HeartbeatOutcome = state.registry.heartbeat(heartbeat, now)?;
+    Ok(HeartbeatResponse {
+        key,
+        service: outcome.service.map(|name| name.as_str().to_owned()),
+        created: outcome.created,
+        ttl_ms: outcome.ttl_ms,
+        expires_in_ms: outcome.expires_in_ms,
+        expires_at: rfc3339(outcome.expires_at_ms),
+        timer: outcome.timer,
+    })
+}
+
+/// A TTL field: a non-negative integer (range is checked by `Ttl`).
+fn whole_number(number: &serde_json::Number, field: &str) -> Result<u64, ApiError> {
+    match number.as_u64() {
+        Some(value) => Ok(value),
+        None if number.as_i64().is_some() => Ok(0), // negative: out of range, refused by `Ttl`
+        None => Err(ApiError::InvalidTtl(format!("{field} must be an integer"))),
+    }
+}

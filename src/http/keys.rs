@@ -1,0 +1,289 @@
+//! `/v1/keys`: liveness lists, one key, deregistration, and Redis-style TTL control.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use tokio::time::Instant;
+
+use super::error::ApiError;
+use super::extract::{parse_json, JsonBytes, KeyPath, QueryParams, BODY_LIMIT};
+use super::{rfc3339, AppState};
+use crate::expiry::TimerKind;
+use crate::registry::{
+    ExpireAt, ExpireCondition, ExpireOutcome, ExpiredView, KeyState, KeyView, ListFilter,
+};
+use crate::types::{Key, ServiceName};
+
+/// Page size when `limit` is not given.
+pub const DEFAULT_PAGE: usize = 100;
+/// Largest page.
+pub const MAX_PAGE: usize = 1000;
+
+#[derive(Debug, Default, Deserialize, PartialEq, Eq, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+enum ListState {
+    #[default]
+    Alive,
+    Expired,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListParams {
+    service: Option<String>,
+    prefix: Option<String>,
+    #[serde(default)]
+    state: ListState,
+    limit: Option<usize>,
+    cursor: Option<String>,
+}
+
+/// An alive key as listed and as `GET /v1/keys/{key}` returns it.
+#[derive(Debug, Serialize)]
+pub struct AliveKey {
+    key: Key,
+    service: Option<String>,
+    meta: Option<Box<RawValue>>,
+    /// `null` when the key has no TTL (after PERSIST); likewise the next three fields.
+    ttl_ms: Option<u64>,
+    expires_in_ms: Option<u64>,
+    expires_at: Option<String>,
+    registered_at: String,
+    last_heartbeat_at: String,
+    timer: Option<TimerKind>,
+}
+
+impl From<KeyView> for AliveKey {
+    fn from(view: KeyView) -> Self {
+        Self {
+            key: view.key,
+            service: view.service.map(|name| name.as_str().to_owned()),
+            meta: view.meta.map(|meta| meta.raw().to_owned()),
+            ttl_ms: view.ttl_ms,
+            expires_in_ms: view.expires_in_ms,
+            expires_at: view.expires_at_ms.map(rfc3339),
+            registered_at: rfc3339(view.registered_at_ms),
+            last_heartbeat_at: rfc3339(view.last_heartbeat_at_ms),
+            timer: view.timer,
+        }
+    }
+}
+
+/// A recently expired key.
+#[derive(Debug, Serialize)]
+pub struct ExpiredKey {
+    key: Key,
+    service: Option<String>,
+    meta: Option<Box<RawValue>>,
+    last_heartbeat_at: String,
+    expired_at: String,
+}
+
+impl From<ExpiredView> for ExpiredKey {
+    fn from(view: ExpiredView) -> Self {
+        Self {
+            key: view.key,
+            service: view.service.map(|name| name.as_str().to_owned()),
+            meta: view.meta.map(|meta| meta.raw().to_owned()),
+            last_heartbeat_at: rfc3339(view.last_heartbeat_at_ms),
+            expired_at: rfc3339(view.expired_at_ms),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum Listed {
+    Alive(AliveKey),
+    Expired(ExpiredKey),
+}
+
+#[derive(Debug, Serialize)]
+pub struct ListResponse {
+    keys: Vec<Listed>,
+    next_cursor: Option<String>,
+}
+
+pub async fn keys_list(
+    State(state): State<AppState>,
+    QueryParams(params): QueryParams<ListParams>,
+) -> Result<Json<ListResponse>, ApiError> {
+    let limit = params.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::InvalidQuery(format!(
+            "limit must be between 1 and {MAX_PAGE}"
+        )));
+    }
+    let service = match params.service.as_deref() {
+        None => None,
+        Some(raw) => match state.registry.service_id(&ServiceName::new(raw)?) {
+            Some(id) => Some(id),
+            // A service never seen has no keys: an empty page, not an error.
+            None => {
+                return Ok(Json(ListResponse {
+                    keys: Vec::new(),
+                    next_cursor: None,
+                }))
+            }
+        },
+    };
+    let filter = ListFilter {
+        service,
+        prefix: params.prefix,
+        after: params.cursor,
+    };
+    let (keys, more): (Vec<Listed>, bool) = match params.state {
+        ListState::Alive => {
+            let (page, more) = state.registry.list_alive(&filter, limit, Instant::now());
+            (
+                page.into_iter()
+                    .map(|view| Listed::Alive(view.into()))
+                    .collect(),
+                more,
+            )
+        }
+        ListState::Expired => {
+            let (page, more) = state.registry.list_expired(&filter, limit);
+            (
+                page.into_iter()
+                    .map(|view| Listed::Expired(view.into()))
+                    .collect(),
+                more,
+            )
+        }
+    };
+    let next_cursor = more
+        .then(|| {
+            keys.last().map(|last| match last {
+                Listed::Alive(key) => key.key.to_string(),
+                Listed::Expired(key) => key.key.to_string(),
+            })
+        })
+        .flatten();
+    Ok(Json(ListResponse { keys, next_cursor }))
+}
+
+pub async fn keys_get(
+    State(state): State<AppState>,
+    KeyPath(key): KeyPath,
+) -> Result<Json<AliveKey>, ApiError> {
+    let view = state
+        .registry
+        .get(&key, Instant::now())
+        .ok_or(ApiError::KeyNotFound)?;
+    Ok(Json(view.into()))
+}
+
+pub async fn keys_delete(
+    State(state): State<AppState>,
+    KeyPath(key): KeyPath,
+) -> Result<StatusCode, ApiError> {
+    if state.registry.delete(&key, Instant::now()) {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::KeyNotFound)
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct TtlResponse {
+    /// Remaining ms, or -1 when the key has no TTL.
+    ttl_ms: i64,
+}
+
+pub async fn ttl_get(
+    State(state): State<AppState>,
+    KeyPath(key): KeyPath,
+) -> Result<Json<TtlResponse>, ApiError> {
+    match state.registry.state(&key, Instant::now()) {
+        KeyState::Missing => Err(ApiError::KeyNotFound),
+        KeyState::Persistent => Ok(Json(TtlResponse { ttl_ms: -1 })),
+        KeyState::ExpiresIn(ms) => Ok(Json(TtlResponse { ttl_ms: ms as i64 })),
+    }
+}
+
+#[derive(Debug, Deserialize, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+enum Condition {
+    Nx,
+    Xx,
+    Gt,
+    Lt,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExpireBody {
+    ttl_ms: Option<i64>,
+    at_ms: Option<i64>,
+    condition: Option<Condition>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ExpireResponse {
+    applied: bool,
+    deleted: bool,
+    /// The TTL after the call (-1: none); absent when the key was deleted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ttl_ms: Option<i64>,
+}
+
+pub async fn ttl_put(
+    State(state): State<AppState>,
+    KeyPath(key): KeyPath,
+    JsonBytes(body): JsonBytes<BODY_LIMIT>,
+) -> Result<Json<ExpireResponse>, ApiError> {
+    let body: ExpireBody = parse_json(&body)?;
+    let at = match (body.ttl_ms, body.at_ms) {
+        (Some(ttl_ms), None) => ExpireAt::In(ttl_ms),
+        (None, Some(at_ms)) => ExpireAt::AtUnixMs(at_ms),
+        _ => {
+            return Err(ApiError::InvalidTtl(
+                "give exactly one of ttl_ms or at_ms".into(),
+            ))
+        }
+    };
+    let condition = body.condition.map(|condition| match condition {
+        Condition::Nx => ExpireCondition::Nx,
+        Condition::Xx => ExpireCondition::Xx,
+        Condition::Gt => ExpireCondition::Gt,
+        Condition::Lt => ExpireCondition::Lt,
+    });
+    let response = match state.registry.expire(&key, at, condition, Instant::now())? {
+        ExpireOutcome::NotFound => return Err(ApiError::KeyNotFound),
+        ExpireOutcome::NotApplied { ttl_ms } => ExpireResponse {
+            applied: false,
+            deleted: false,
+            ttl_ms: Some(ttl_ms.map_or(-1, |ms| ms as i64)),
+        },
+        ExpireOutcome::Applied { ttl_ms } => ExpireResponse {
+            applied: true,
+            deleted: false,
+            ttl_ms: Some(ttl_ms as i64),
+        },
+        ExpireOutcome::Deleted => ExpireResponse {
+            applied: true,
+            deleted: true,
+            ttl_ms: None,
+        },
+    };
+    Ok(Json(response))
+}
+
+#[derive(Debug, Serialize)]
+pub struct PersistResponse {
+    applied: bool,
+}
+
+pub async fn ttl_delete(
+    State(state): State<AppState>,
+    KeyPath(key): KeyPath,
+) -> Result<Json<PersistResponse>, ApiError> {
+    let applied = state
+        .registry
+        .persist(&key, Instant::now())
+        .ok_or(ApiError::KeyNotFound)?;
+    Ok(Json(PersistResponse { applied }))
+}

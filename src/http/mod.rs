@@ -1,0 +1,69 @@
+//! The HTTP API (v1): heartbeats in, liveness lists and TTL control out.
+//!
+//! [`app`] builds the router from an [`AppState`]; tests drive it over a real socket. Each
+//! resource has its own file; every error is an [`error::ApiError`]. Handlers never hold a
+//! registry lock across an `.await`: each registry call is synchronous and short.
+
+pub mod error;
+pub mod extract;
+pub mod health;
+pub mod heartbeats;
+pub mod keys;
+pub mod services;
+
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use axum::routing::{get, post};
+use axum::Router;
+
+use crate::registry::Registry;
+use crate::types::Ttl;
+use error::ApiError;
+
+/// What every handler can reach.
+#[derive(Clone, Debug)]
+pub struct AppState {
+    pub registry: Arc<Registry>,
+    /// TTL of a heartbeat that names none (`--default-ttl`).
+    pub default_ttl: Ttl,
+}
+
+/// Every route the API serves, as `(path, methods)`: the router is built from the same paths,
+/// and the contract test checks this table against `openapi.yaml`.
+pub const ROUTES: &[(&str, &[&str])] = &[
+    ("/v1/heartbeats", &["POST"]),
+    ("/v1/heartbeats/batch", &["POST"]),
+    ("/v1/keys", &["GET"]),
+    ("/v1/keys/{key}", &["GET", "DELETE"]),
+    ("/v1/keys/{key}/ttl", &["GET", "PUT", "DELETE"]),
+    ("/v1/services", &["GET"]),
+    ("/healthz", &["GET"]),
+    ("/openapi.yaml", &["GET"]),
+];
+
+/// The API router.
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .route(ROUTES[0].0, post(heartbeats::heartbeats_post))
+        .route(ROUTES[1].0, post(heartbeats::heartbeats_batch))
+        .route(ROUTES[2].0, get(keys::keys_list))
+        .route(ROUTES[3].0, get(keys::keys_get).delete(keys::keys_delete))
+        .route(
+            ROUTES[4].0,
+            get(keys::ttl_get)
+                .put(keys::ttl_put)
+                .delete(keys::ttl_delete),
+        )
+        .route(ROUTES[5].0, get(services::services_list))
+        .route(ROUTES[6].0, get(health::healthz))
+        .route(ROUTES[7].0, get(health::openapi_yaml))
+        .fallback(|| async { ApiError::RouteNotFound })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .with_state(state)
+}
+
+/// A Unix time in ms as RFC 3339 UTC with milliseconds.
+pub fn rfc3339(unix_ms: u64) -> String {
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(unix_ms)).to_string()
+}

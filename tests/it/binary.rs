@@ -1,0 +1,109 @@
+//! The `ttlwheel` binary itself: embedded defaults, flags, and SIGTERM.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BINARY: &str = env!("CARGO_BIN_EXE_ttlwheel");
+
+#[test]
+fn bad_flag_values_fail_fast_with_a_message() {
+    for args in [
+        &["--max-ttl", "0"][..],
+        &["--default-ttl", "abc"],
+        &["--listen", "nowhere"],
+        &["--log-format", "xml"],
+    ] {
+        let output = Command::new(BINARY).args(args).output().expect("runs");
+        assert!(!output.status.success(), "{args:?} accepted");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("error: invalid value"),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn help_documents_every_flag_and_its_environment_variable() {
+    let output = Command::new(BINARY).arg("--help").output().expect("runs");
+    let help = String::from_utf8_lossy(&output.stdout);
+    for flag in [
+        "--listen",
+        "--max-ttl",
+        "--default-ttl",
+        "--expired-retention",
+        "--expired-max",
+        "--log-format",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from --help");
+    }
+    for env in [
+        "TTLWHEEL_LISTEN",
+        "TTLWHEEL_MAX_TTL",
+        "TTLWHEEL_DEFAULT_TTL",
+        "TTLWHEEL_EXPIRED_RETENTION",
+        "TTLWHEEL_LOG_FORMAT",
+    ] {
+        assert!(help.contains(env), "{env} missing from --help");
+    }
+}
+
+#[test]
+fn the_binary_logs_where_it_listens_serves_and_exits_zero_on_sigterm() {
+    let mut child = Command::new(BINARY)
+        .env("TTLWHEEL_LISTEN", "127.0.0.1:0")
+        .env_remove("RUST_LOG")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starts");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let mut child = KillOnDrop(child);
+    let line = lines.next().expect("a log line").expect("utf-8");
+    let address = line
+        .split("listening on http://")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let health = runtime.block_on(async {
+        reqwest::get(format!("http://{address}/healthz"))
+            .await
+            .expect("served")
+            .status()
+    });
+    assert_eq!(health, reqwest::StatusCode::OK);
+
+    let killed = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.0.id().to_string())
+        .status()
+        .expect("kill runs");
+    assert!(killed.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.0.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "did not exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0));
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(rest.iter().any(|line| line.contains("SIGTERM")), "{rest:?}");
+}
+
+/// Kills the server if the test fails before it exits, so no process outlives the test.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

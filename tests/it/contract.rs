@@ -1,0 +1,345 @@
+//! Keeps `openapi.yaml` honest: the routes it lists are exactly the routes the server serves,
+//! and real responses from the running server (every status the tests trigger) are documented
+//! and validate against the spec's schemas (JSON Schema 2020-12, formats checked).
+
+use std::collections::BTreeSet;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Map, Value};
+use yaml_rust2::{Yaml, YamlLoader};
+
+use crate::server::TestServer;
+
+const METHODS: [&str; 5] = ["GET", "POST", "PUT", "DELETE", "PATCH"];
+
+fn spec() -> Value {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.yaml"))
+        .expect("openapi.yaml");
+    let documents = YamlLoader::load_from_str(&text).expect("valid YAML");
+    to_json(&documents[0])
+}
+
+fn to_json(yaml: &Yaml) -> Value {
+    match yaml {
+        Yaml::Hash(map) => {
+            let object: Map<String, Value> = map
+                .iter()
+                .map(|(key, value)| {
+                    let key = match key {
+                        Yaml::String(text) => text.clone(),
+                        Yaml::Integer(number) => number.to_string(),
+                        other => panic!("unsupported key {other:?}"),
+                    };
+                    (key, to_json(value))
+                })
+                .collect();
+            Value::Object(object)
+        }
+        Yaml::Array(items) => Value::Array(items.iter().map(to_json).collect()),
+        Yaml::String(text) => Value::String(text.clone()),
+        Yaml::Integer(number) => json!(number),
+        Yaml::Real(text) => json!(text.parse::<f64>().expect("a number")),
+        Yaml::Boolean(flag) => json!(flag),
+        Yaml::Null => Value::Null,
+        other => panic!("unsupported YAML node {other:?}"),
+    }
+}
+
+/// `(path, METHOD)` pairs the spec documents.
+fn spec_routes(spec: &Value) -> BTreeSet<(String, String)> {
+    let mut routes = BTreeSet::new();
+    for (path, item) in spec["paths"].as_object().expect("paths") {
+        for method in METHODS {
+            if item.get(method.to_lowercase()).is_some() {
+                routes.insert((path.clone(), method.to_string()));
+            }
+        }
+    }
+    routes
+}
+
+fn served_routes() -> BTreeSet<(String, String)> {
+    ttlwheel::http::ROUTES
+        .iter()
+        .flat_map(|(path, methods)| {
+            methods
+                .iter()
+                .map(move |method| (path.to_string(), method.to_string()))
+        })
+        .collect()
+}
+
+fn pointer_escape(segment: &str) -> String {
+    segment.replace('~', "~0").replace('/', "~1")
+}
+
+/// The JSON pointer of the schema the spec gives for a response, or `None` when the response has
+/// no JSON body. Panics when the status is not documented for that route.
+fn response_schema_pointer(
+    spec: &Value,
+    path: &str,
+    method: &str,
+    status: StatusCode,
+) -> Option<String> {
+    let operation = format!("/paths/{}/{}", pointer_escape(path), method.to_lowercase());
+    let responses = &spec
+        .pointer(&operation)
+        .unwrap_or_else(|| panic!("{method} {path} not in spec"))["responses"];
+    let code = status.as_u16().to_string();
+    let response = responses
+        .get(&code)
+        .unwrap_or_else(|| panic!("{method} {path}: status {code} not documented"));
+    let base = match response.get("$ref").and_then(Value::as_str) {
+        Some(reference) => reference.trim_start_matches('#').to_string(),
+        None => format!("{operation}/responses/{code}"),
+    };
+    let resolved = spec.pointer(&base).expect("response reference resolves");
+    resolved.get("content")?.get("application/json")?;
+    Some(format!("{base}/content/application~1json/schema"))
+}
+
+/// Validates `body` against the schema at `pointer`, resolving references within the spec.
+fn validate(spec: &Value, pointer: &str, body: &Value) -> Vec<String> {
+    let mut root = spec.clone();
+    root["$schema"] = json!("https://json-schema.org/draft/2020-12/schema");
+    // A fragment is part of a URI: `{` and `}` (from `{key}`) must be percent-encoded.
+    root["$ref"] = json!(format!(
+        "#{}",
+        pointer.replace('{', "%7B").replace('}', "%7D")
+    ));
+    let validator = jsonschema::options()
+        .with_draft(jsonschema::Draft::Draft202012)
+        .should_validate_formats(true)
+        .build(&root)
+        .expect("the spec's schemas compile");
+    validator
+        .iter_errors(body)
+        .map(|error| format!("{error} at {}", error.instance_path()))
+        .collect()
+}
+
+struct Checker {
+    spec: Value,
+    server: TestServer,
+    n_checked: usize,
+}
+
+impl Checker {
+    /// Sends the request; the status must be documented for `template` and the body must match.
+    async fn check(
+        &mut self,
+        method: Method,
+        template: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> Value {
+        let (status, answer) = self.server.call(method.clone(), path, body).await;
+        match response_schema_pointer(&self.spec, template, method.as_str(), status) {
+            Some(pointer) => {
+                let errors = validate(&self.spec, &pointer, &answer);
+                assert!(
+                    errors.is_empty(),
+                    "{method} {path} -> {status}: {answer}\n{errors:#?}"
+                );
+            }
+            None => assert_eq!(
+                answer,
+                Value::Null,
+                "{method} {path} -> {status}: undocumented body"
+            ),
+        }
+        self.n_checked += 1;
+        answer
+    }
+}
+
+#[test]
+fn the_spec_lists_exactly_the_served_routes() {
+    let spec = spec();
+    assert_eq!(spec["openapi"], "3.1.0");
+    assert_eq!(spec_routes(&spec), served_routes());
+}
+
+#[tokio::test]
+async fn every_route_answers_as_the_spec_says_for_every_method() {
+    let spec = spec();
+    let documented = spec_routes(&spec);
+    let server = TestServer::start().await;
+    for (template, _) in ttlwheel::http::ROUTES {
+        let path = template.replace("{key}", "probe");
+        for method in METHODS {
+            let (status, body) = server
+                .call(
+                    Method::from_bytes(method.as_bytes()).unwrap(),
+                    &path,
+                    Some(json!({})),
+                )
+                .await;
+            let listed = documented.contains(&(template.to_string(), method.to_string()));
+            if listed {
+                assert_ne!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
+                assert_ne!(body["error"]["code"], "route_not_found", "{method} {path}");
+            } else {
+                assert_eq!(
+                    status,
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "{method} {path} is served but not in the spec"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn real_responses_validate_against_the_spec() {
+    let mut checker = Checker {
+        spec: spec(),
+        server: TestServer::start().await,
+        n_checked: 0,
+    };
+    let post = Method::POST;
+    checker
+        .check(
+            post.clone(),
+            "/v1/heartbeats",
+            "/v1/heartbeats",
+            Some(json!({"key": "c/1", "service": "svc", "meta": {"a": 1}})),
+        )
+        .await;
+    checker
+        .check(
+            post.clone(),
+            "/v1/heartbeats",
+            "/v1/heartbeats",
+            Some(json!({"key": "c/2", "ttl_ms": 150})),
+        )
+        .await;
+    checker
+        .check(
+            post.clone(),
+            "/v1/heartbeats",
+            "/v1/heartbeats",
+            Some(json!({"key": ""})),
+        )
+        .await;
+    checker
+        .check(
+            post.clone(),
+            "/v1/heartbeats",
+            "/v1/heartbeats",
+            Some(json!({"key": "x", "ttl": 1})),
+        )
+        .await;
+    let (status, body) = checker
+        .server
+        .post_raw("/v1/heartbeats", "text/plain", "x")
+        .await;
+    assert!(validate(
+        &checker.spec,
+        &response_schema_pointer(&checker.spec, "/v1/heartbeats", "POST", status).unwrap(),
+        &body
+    )
+    .is_empty());
+    let batch = json!({"heartbeats": [{"key": "c/3"}, {"key": "bad\u{1}"}, {"key": "c/4", "ttl_s": 5, "service": "svc"}]});
+    checker
+        .check(
+            post.clone(),
+            "/v1/heartbeats/batch",
+            "/v1/heartbeats/batch",
+            Some(batch),
+        )
+        .await;
+    checker
+        .check(
+            post.clone(),
+            "/v1/heartbeats/batch",
+            "/v1/heartbeats/batch",
+            Some(json!({"heartbeats": 5})),
+        )
+        .await;
+    checker
+        .check(Method::GET, "/v1/keys", "/v1/keys?limit=2", None)
+        .await;
+    checker
+        .check(Method::GET, "/v1/keys", "/v1/keys?service=svc", None)
+        .await;
+    checker
+        .check(Method::GET, "/v1/keys", "/v1/keys?limit=0", None)
+        .await;
+    checker
+        .check(Method::GET, "/v1/keys/{key}", "/v1/keys/c%2F1", None)
+        .await;
+    checker
+        .check(Method::GET, "/v1/keys/{key}", "/v1/keys/none", None)
+        .await;
+    checker
+        .check(
+            Method::GET,
+            "/v1/keys/{key}/ttl",
+            "/v1/keys/c%2F1/ttl",
+            None,
+        )
+        .await;
+    checker
+        .check(Method::GET, "/v1/keys/{key}/ttl", "/v1/keys/none/ttl", None)
+        .await;
+    for body in [
+        json!({"ttl_ms": 9000, "condition": "lt"}),
+        json!({"ttl_ms": 9000, "condition": "nx"}),
+        json!({}),
+        json!({"ttl_ms": -1}),
+    ] {
+        checker
+            .check(
+                Method::PUT,
+                "/v1/keys/{key}/ttl",
+                "/v1/keys/c%2F3/ttl",
+                Some(body),
+            )
+            .await;
+    }
+    checker
+        .check(
+            Method::PUT,
+            "/v1/keys/{key}/ttl",
+            "/v1/keys/none/ttl",
+            Some(json!({"ttl_ms": 5})),
+        )
+        .await;
+    checker
+        .check(
+            Method::DELETE,
+            "/v1/keys/{key}/ttl",
+            "/v1/keys/c%2F4/ttl",
+            None,
+        )
+        .await;
+    checker
+        .check(Method::GET, "/v1/keys/{key}", "/v1/keys/c%2F4", None)
+        .await; // persistent: nulls
+    checker
+        .check(
+            Method::DELETE,
+            "/v1/keys/{key}/ttl",
+            "/v1/keys/none/ttl",
+            None,
+        )
+        .await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await; // c/2 expires
+    checker
+        .check(Method::GET, "/v1/keys", "/v1/keys?state=expired", None)
+        .await;
+    checker
+        .check(Method::GET, "/v1/services", "/v1/services", None)
+        .await;
+    checker
+        .check(Method::DELETE, "/v1/keys/{key}", "/v1/keys/c%2F1", None)
+        .await;
+    checker
+        .check(Method::DELETE, "/v1/keys/{key}", "/v1/keys/c%2F1", None)
+        .await;
+    checker
+        .check(Method::GET, "/healthz", "/healthz", None)
+        .await;
+    assert!(checker.n_checked >= 25);
+}

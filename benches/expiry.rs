@@ -25,7 +25,9 @@ use dashmap::DashMap;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 use tokio_util::time::{delay_queue, DelayQueue};
-use ttlwheel::registry::{ExpireAt, Heartbeat, Registry, RegistryConfig, SWEEP_CHUNK};
+use ttlwheel::expiry::heap::DeadlineHeap;
+use ttlwheel::registry::{ExpireAt, Heartbeat, ListFilter, Registry, RegistryConfig, SWEEP_CHUNK};
+use ttlwheel::types::ServiceName;
 use ttlwheel::types::{Key, Ttl};
 
 type FoldMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
@@ -545,14 +547,90 @@ fn heap_expire_persist(c: &mut Criterion) {
     group.finish();
 }
 
+/// The heap structure alone (no key lookup): move a random slot to a new random deadline, in a
+/// heap of 1M slots, binary against 4-ary.
+fn heap_arity(c: &mut Criterion) {
+    fn run<const ARITY: usize>(b: &mut criterion::Bencher<'_>, n: u32) {
+        let mut heap = DeadlineHeap::<ARITY>::new();
+        let mut rng = Rng(7);
+        for slot in 0..n {
+            heap.upsert(slot, rng.next_idx(1 << 30) as u64);
+        }
+        b.iter(|| {
+            heap.upsert(
+                rng.next_idx(n as usize) as u32,
+                rng.next_idx(1 << 30) as u64,
+            )
+        });
+    }
+    let n = 1_000_000.min(sizes().last().map_or(0, |(n, _)| *n)) as u32;
+    let mut group = c.benchmark_group("heap-arity/1M");
+    group.sample_size(20);
+    group.measurement_time(Duration::from_secs(2));
+    group.bench_function("binary", |b| run::<2>(b, n));
+    group.bench_function("4-ary", |b| run::<4>(b, n));
+    group.finish();
+}
+
+/// A page of 100 alive keys with 1M keys registered (10 services), unfiltered, by service, by
+/// prefix, and from a cursor in the middle.
+fn listing(c: &mut Criterion) {
+    let n = 1_000_000.min(sizes().last().map_or(0, |(n, _)| *n));
+    let registry = Registry::new(RegistryConfig::default(), Instant::now());
+    let now = Instant::now();
+    let services: Vec<ServiceName> = (0..10)
+        .map(|i| ServiceName::new(&format!("svc-{i}")).unwrap())
+        .collect();
+    for i in 0..n {
+        let heartbeat = Heartbeat {
+            key: Key::new(&key_text(i)).unwrap(),
+            ttl: Ttl::from_secs(60).unwrap(),
+            service: Some(services[i % 10].clone()),
+            meta: None,
+        };
+        registry.heartbeat(heartbeat, now).unwrap();
+    }
+    let svc_3 = registry.service_id(&services[3]);
+    let filters = [
+        ("unfiltered", ListFilter::default()),
+        (
+            "by-service",
+            ListFilter {
+                service: svc_3,
+                ..ListFilter::default()
+            },
+        ),
+        (
+            "by-prefix",
+            ListFilter {
+                prefix: Some("service-00000000005".into()),
+                ..ListFilter::default()
+            },
+        ),
+        (
+            "from-cursor",
+            ListFilter {
+                after: Some(key_text(n / 2)),
+                ..ListFilter::default()
+            },
+        ),
+    ];
+    let mut group = c.benchmark_group("list-100/1M");
+    group.sample_size(20);
+    for (name, filter) in filters {
+        group.bench_function(name, |b| b.iter(|| registry.list_alive(&filter, 100, now)));
+    }
+    group.finish();
+}
+
 /// One tick that evicts 1M keys due in the same second (one event subscriber, drained outside
 /// the measurement). Also prints the longest single sweep step, which bounds how long one shard
 /// lock is held.
 fn mass_eviction(c: &mut Criterion) {
     let n = 1_000_000.min(sizes().last().map_or(0, |(n, _)| *n));
     let keys = keys(n);
-    let setup = || {
-        let registry = Registry::new(RegistryConfig::default(), Instant::now());
+    let setup_with = |config: RegistryConfig| {
+        let registry = Registry::new(config, Instant::now());
         let events = registry.subscribe();
         let epoch = Instant::now();
         for key in keys.iter() {
@@ -566,8 +644,24 @@ fn mass_eviction(c: &mut Criterion) {
         }
         (registry, events, epoch + Duration::from_secs(2))
     };
+    let bare = || RegistryConfig {
+        listing: false,
+        expired_max: 0,
+        ..RegistryConfig::default()
+    };
+    let setup = || setup_with(RegistryConfig::default());
     let mut group = c.benchmark_group("evict/1M");
     group.sample_size(10);
+    group.bench_function("one-tick-engine", |b| {
+        b.iter_batched(
+            || setup_with(bare()),
+            |(registry, events, due)| {
+                while registry.sweep(due, 16 * 1024).more {}
+                (registry, events)
+            },
+            BatchSize::PerIteration,
+        )
+    });
     group.bench_function("one-tick", |b| {
         b.iter_batched(
             setup,
@@ -601,5 +695,12 @@ fn mass_eviction(c: &mut Criterion) {
     );
 }
 
-criterion_group!(benches, renew, heap_expire_persist, mass_eviction);
+criterion_group!(
+    benches,
+    renew,
+    heap_expire_persist,
+    heap_arity,
+    listing,
+    mass_eviction
+);
 criterion_main!(benches);

@@ -2,10 +2,12 @@
 //! bounded log of recently expired ones.
 //!
 //! Both are updated on registration, expiry and deletion only, never on a renewal, so the
-//! heartbeat hot path does not pay for them. A page is a range scan from the cursor: O(log n + page)
-//! per shard, whatever the number of keys.
+//! heartbeat hot path does not pay for them. A page of alive keys is a range scan from the
+//! cursor: O(log n + page) per shard, whatever the number of keys. The expired log is bounded
+//! (`--expired-max`), so it is kept unordered (O(1) per expiry, which matters in a mass expiry)
+//! and a page of it is selected per request in O(records) time.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::ops::Bound;
 
 use super::services::ServiceId;
@@ -114,24 +116,24 @@ pub struct ExpiredRecord {
 /// Recently expired keys, kept for a retention time and up to a count.
 #[derive(Debug)]
 pub(super) struct ExpiredLog {
-    by_key: BTreeMap<Key, ExpiredRecord>,
+    by_key: HashMap<Key, ExpiredRecord, foldhash::fast::RandomState>,
     /// Expiries oldest first. May hold entries whose key was re-registered or expired again
     /// since; those are skipped when they reach the front. Its length is what `max_len` bounds.
     order: VecDeque<(u64, Key)>,
     retention_ms: u64,
     max_len: usize,
     /// Records per service, for the services overview.
-    by_service: BTreeMap<ServiceId, u32>,
+    by_service: HashMap<ServiceId, u32, foldhash::fast::RandomState>,
 }
 
 impl ExpiredLog {
     pub fn new(retention_ms: u64, max_len: usize) -> Self {
         Self {
-            by_key: BTreeMap::new(),
+            by_key: HashMap::default(),
             order: VecDeque::new(),
             retention_ms,
             max_len,
-            by_service: BTreeMap::new(),
+            by_service: HashMap::default(),
         }
     }
 
@@ -178,22 +180,27 @@ impl ExpiredLog {
         self.by_service.get(&service).copied().unwrap_or(0)
     }
 
-    pub fn scan<'a>(
-        &'a self,
-        filter: &'a ListFilter,
-    ) -> impl Iterator<Item = (&'a Key, &'a ExpiredRecord)> + 'a {
-        self.by_key
-            .range((filter.start(), Bound::Unbounded))
-            .take_while(|(key, _)| !filter.past_prefix(key))
+    /// The first `limit` records matching `filter`, in key order.
+    pub fn page(&self, filter: &ListFilter, limit: usize) -> Vec<(&Key, &ExpiredRecord)> {
+        let after = filter.after.as_deref();
+        let prefix = filter.prefix.as_deref().unwrap_or("");
+        let mut matching: Vec<(&Key, &ExpiredRecord)> = self
+            .by_key
+            .iter()
             .filter(|(key, record)| {
-                filter
-                    .prefix
-                    .as_deref()
-                    .is_none_or(|prefix| key.as_str().starts_with(prefix))
+                after.is_none_or(|after| key.as_str() > after)
+                    && key.as_str().starts_with(prefix)
                     && filter
                         .service
                         .is_none_or(|service| record.service == service)
             })
+            .collect();
+        if matching.len() > limit && limit > 0 {
+            matching.select_nth_unstable_by(limit - 1, |a, b| a.0.cmp(b.0));
+        }
+        matching.truncate(limit);
+        matching.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        matching
     }
 
     fn uncount(&mut self, service: ServiceId) {
@@ -250,7 +257,8 @@ mod tests {
         log.record(Key::new("b").unwrap(), record(20));
         log.record(Key::new("c").unwrap(), record(30));
         let listed = |log: &ExpiredLog| {
-            log.scan(&ListFilter::default())
+            log.page(&ListFilter::default(), 10)
+                .into_iter()
                 .map(|(key, _)| key.to_string())
                 .collect::<Vec<_>>()
         };

@@ -429,8 +429,8 @@ impl Shard {
 
     /// Up to `limit` recently expired keys matching `filter`, in key order.
     pub fn list_expired(&self, filter: &ListFilter, limit: usize) -> Vec<(Key, ExpiredRecord)> {
-        let expired = self.expired.scan(filter).take(limit);
-        expired
+        let page = self.expired.page(filter, limit);
+        page.into_iter()
             .map(|(key, record)| (key.clone(), record.clone()))
             .collect()
     }

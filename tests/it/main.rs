@@ -6,6 +6,7 @@ mod concurrency;
 mod contract;
 mod engine;
 mod model;
+mod robustness;
 mod server;
 
 use std::sync::Arc;

@@ -332,117 +332,103 @@ fn prefilled<S: Structure>(mut structure: S, n: usize) -> Locked<S> {
 /// Builds a structure under test, prefilled with every key.
 type Maker = Box<dyn Fn() -> Box<dyn Subject>>;
 
+fn maker<S: Subject + 'static>(
+    keys: &Arc<Vec<Key>>,
+    build: impl Fn(Arc<Vec<Key>>) -> S + 'static,
+) -> Maker {
+    let keys = Arc::clone(keys);
+    Box::new(move || Box::new(build(Arc::clone(&keys))))
+}
+
 fn subjects(keys: &Arc<Vec<Key>>) -> Vec<(&'static str, Maker)> {
     let n = keys.len();
-    let k = || Arc::clone(keys);
     vec![
         (
             "ttlwheel-wheel",
-            Box::new({
-                let keys = k();
-                move || Box::new(Ours::new(Arc::clone(&keys), TTL_MS)) as Box<dyn Subject>
-            }),
+            maker(keys, |keys| Ours::new(keys, TTL_MS)),
         ),
         (
             "ttlwheel-heap",
-            Box::new({
-                let keys = k();
-                move || Box::new(Ours::new(Arc::clone(&keys), TTL_MS + 500))
-            }),
+            maker(keys, |keys| Ours::new(keys, TTL_MS + 500)),
         ),
         (
             "dashmap+bucket-sets",
-            Box::new({
-                let keys = k();
-                move || {
-                    let buckets = (0..3602)
-                        .map(|_| Mutex::new(hashbrown::HashSet::with_hasher(Default::default())))
-                        .collect();
-                    let index = DashMap::with_capacity_and_hasher(n, Default::default());
-                    let wheel = DashWheel {
-                        index,
-                        buckets,
-                        keys: Arc::clone(&keys),
-                    };
-                    for key_idx in 0..n {
-                        wheel.renew(key_idx, 0);
-                    }
-                    Box::new(wheel)
+            maker(keys, move |keys| {
+                let buckets = (0..3602)
+                    .map(|_| Mutex::new(hashbrown::HashSet::with_hasher(Default::default())))
+                    .collect();
+                let index = DashMap::with_capacity_and_hasher(n, Default::default());
+                let wheel = DashWheel {
+                    index,
+                    buckets,
+                    keys,
+                };
+                for key_idx in 0..n {
+                    wheel.renew(key_idx, 0);
                 }
+                wheel
             }),
         ),
         (
             "map+full-scan",
-            Box::new({
-                let keys = k();
-                move || {
-                    Box::new(prefilled(
-                        ScanMap {
-                            deadlines: fold_map(n),
-                            keys: Arc::clone(&keys),
-                        },
-                        n,
-                    ))
-                }
+            maker(keys, move |keys| {
+                prefilled(
+                    ScanMap {
+                        deadlines: fold_map(n),
+                        keys,
+                    },
+                    n,
+                )
             }),
         ),
         (
             "btreemap",
-            Box::new({
-                let keys = k();
-                move || {
-                    Box::new(prefilled(
-                        OrderedSet {
-                            by_deadline: BTreeMap::new(),
-                            deadlines: fold_map(n),
-                            keys: Arc::clone(&keys),
-                        },
-                        n,
-                    ))
-                }
+            maker(keys, move |keys| {
+                prefilled(
+                    OrderedSet {
+                        by_deadline: BTreeMap::new(),
+                        deadlines: fold_map(n),
+                        keys,
+                    },
+                    n,
+                )
             }),
         ),
         (
             "binaryheap-lazy",
-            Box::new({
-                let keys = k();
-                move || {
-                    Box::new(prefilled(
-                        LazyHeap {
-                            heap: BinaryHeap::new(),
-                            deadlines: fold_map(n),
-                            keys: Arc::clone(&keys),
-                        },
-                        n,
-                    ))
-                }
+            maker(keys, move |keys| {
+                prefilled(
+                    LazyHeap {
+                        heap: BinaryHeap::new(),
+                        deadlines: fold_map(n),
+                        keys,
+                    },
+                    n,
+                )
             }),
         ),
         (
             "tokio-delayqueue",
-            Box::new({
-                let keys = k();
-                move || {
-                    let runtime = tokio::runtime::Builder::new_current_thread()
-                        .enable_time()
-                        .build()
-                        .unwrap();
-                    let epoch = {
-                        let _guard = runtime.enter();
-                        Instant::now()
-                    };
-                    let queue = DelayQueue::with_capacity(n);
-                    Box::new(prefilled(
-                        TokioDelayQueue {
-                            queue,
-                            handles: fold_map(n),
-                            keys: Arc::clone(&keys),
-                            epoch,
-                            runtime,
-                        },
-                        n,
-                    ))
-                }
+            maker(keys, move |keys| {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_time()
+                    .build()
+                    .unwrap();
+                let epoch = {
+                    let _guard = runtime.enter();
+                    Instant::now()
+                };
+                let queue = DelayQueue::with_capacity(n);
+                prefilled(
+                    TokioDelayQueue {
+                        queue,
+                        handles: fold_map(n),
+                        keys,
+                        epoch,
+                        runtime,
+                    },
+                    n,
+                )
             }),
         ),
     ]
@@ -644,7 +630,7 @@ fn mass_eviction(c: &mut Criterion) {
         }
         (registry, events, epoch + Duration::from_secs(2))
     };
-    let bare = || RegistryConfig {
+    let bare = RegistryConfig {
         listing: false,
         expired_max: 0,
         ..RegistryConfig::default()
@@ -652,26 +638,21 @@ fn mass_eviction(c: &mut Criterion) {
     let setup = || setup_with(RegistryConfig::default());
     let mut group = c.benchmark_group("evict/1M");
     group.sample_size(10);
-    group.bench_function("one-tick-engine", |b| {
-        b.iter_batched(
-            || setup_with(bare()),
-            |(registry, events, due)| {
-                while registry.sweep(due, 16 * 1024).more {}
-                (registry, events)
-            },
-            BatchSize::PerIteration,
-        )
-    });
-    group.bench_function("one-tick", |b| {
-        b.iter_batched(
-            setup,
-            |(registry, events, due)| {
-                while registry.sweep(due, 16 * 1024).more {}
-                (registry, events)
-            },
-            BatchSize::PerIteration,
-        )
-    });
+    for (name, config) in [
+        ("one-tick-engine", bare),
+        ("one-tick", RegistryConfig::default()),
+    ] {
+        group.bench_function(name, |b| {
+            b.iter_batched(
+                || setup_with(config.clone()),
+                |(registry, events, due)| {
+                    while registry.sweep(due, 16 * 1024).more {}
+                    (registry, events)
+                },
+                BatchSize::PerIteration,
+            )
+        });
+    }
     group.finish();
 
     let (registry, _events, due) = setup();

@@ -333,3 +333,57 @@ fn a_heartbeat_after_expiry_registers_again() {
     assert_eq!(harness.drained_keys(EventKind::Expired), ["k"]);
     assert!(harness.heartbeat("k", 1_000).created);
 }
+
+#[test]
+fn a_subscriber_that_does_not_read_never_stalls_heartbeats_and_loses_no_event() {
+    let mut harness = Harness::new(10);
+    let mut slow = harness.registry.subscribe(); // never read until the end
+    let n = 50_000;
+    for i in 0..n {
+        harness.heartbeat(&format!("k{i}"), 1_000);
+    }
+    harness.advance(1_000); // all expire while `slow` reads nothing
+    assert_eq!(slow.backlog(), n, "every event is queued, none dropped");
+    // Heartbeats still go through at once with the backlog in place.
+    for i in 0..n {
+        assert!(harness.heartbeat(&format!("k{i}"), 1_000).created);
+    }
+    let mut seen = std::collections::HashSet::new();
+    while let Some(event) = slow.try_recv() {
+        assert_eq!(event.kind, EventKind::Expired);
+        assert!(seen.insert(event.key.to_string()), "one event per expiry");
+    }
+    assert_eq!(seen.len(), n);
+}
+
+#[test]
+fn events_carry_service_metadata_times_and_lateness() {
+    let mut harness = Harness::new(10);
+    let heartbeat = ttlwheel::registry::Heartbeat {
+        key: key_of("svc/1"),
+        ttl: ttlwheel::types::Ttl::from_millis(1_500).unwrap(),
+        service: Some(ttlwheel::types::ServiceName::new("api").unwrap()),
+        meta: Some(ttlwheel::types::Meta::from_value(&serde_json::json!({"zone": "a"})).unwrap()),
+    };
+    harness.stall(2_000);
+    harness
+        .registry
+        .heartbeat(heartbeat, harness.now())
+        .unwrap();
+    harness.stall(1_700); // 200 ms past the deadline when the sweeper runs
+    harness.sweep();
+    let events = harness.drain();
+    assert_eq!(events.len(), 1);
+    let event = &events[0];
+    assert_eq!(event.service.as_ref().map(|s| s.as_str()), Some("api"));
+    assert_eq!(
+        format!("{:?}", event.meta.as_ref().unwrap()),
+        r#"{"zone":"a"}"#
+    );
+    assert_eq!(event.ttl_ms, Some(1_500));
+    assert_eq!(event.last_heartbeat_at_ms, UNIX_AT_EPOCH + 2_000);
+    assert_eq!(event.registered_at_ms, UNIX_AT_EPOCH + 2_000);
+    assert_eq!(event.deadline_ms, Some(UNIX_AT_EPOCH + 3_500));
+    assert_eq!(event.occurred_at_ms, UNIX_AT_EPOCH + 3_700);
+    assert_eq!(event.lateness_ms, 200);
+}

@@ -176,8 +176,11 @@ impl ExpiredLog {
         }
     }
 
-    pub fn count_for(&self, service: ServiceId) -> u32 {
-        self.by_service.get(&service).copied().unwrap_or(0)
+    /// Records per service, for every service that has some.
+    pub fn counts(&self) -> impl Iterator<Item = (ServiceId, u32)> + '_ {
+        self.by_service
+            .iter()
+            .map(|(&service, &count)| (service, count))
     }
 
     /// The first `limit` records matching `filter`, in key order.
@@ -267,6 +270,6 @@ mod tests {
         assert_eq!(listed(&log), ["c"], "b is 1 s old at 1020");
         log.forget(&Key::new("c").unwrap());
         assert_eq!(listed(&log), Vec::<String>::new());
-        assert_eq!(log.count_for(ServiceId::NONE), 0);
+        assert_eq!(log.counts().count(), 0);
     }
 }

@@ -470,22 +470,23 @@ impl Registry {
 
     /// Alive and recently expired counts for every service that has either.
     pub fn service_counts(&self) -> Vec<ServiceCounts> {
-        let mut counts: Vec<ServiceCounts> = Vec::new();
-        for (id, name) in self.services.all() {
-            let (mut alive, mut expired) = (0u64, 0u64);
-            for shard in self.shards.iter() {
-                let (a, e) = shard.0.lock().counts_for(id);
-                alive += u64::from(a);
-                expired += u64::from(e);
-            }
-            if alive + expired > 0 {
-                counts.push(ServiceCounts {
-                    service: name,
-                    alive,
-                    expired,
-                });
-            }
+        // One pass over the shards (one lock each), whatever the number of services.
+        let (mut alive, mut expired) = (Vec::new(), Vec::new());
+        for shard in self.shards.iter() {
+            shard.0.lock().add_counts(&mut alive, &mut expired);
         }
+        let count = |counts: &[u64], id: ServiceId| counts.get(id.index()).copied().unwrap_or(0);
+        let mut counts: Vec<ServiceCounts> = self
+            .services
+            .all()
+            .into_iter()
+            .map(|(id, service)| ServiceCounts {
+                service,
+                alive: count(&alive, id),
+                expired: count(&expired, id),
+            })
+            .filter(|counts| counts.alive + counts.expired > 0)
+            .collect();
         counts.sort_by(|a, b| a.service.cmp(&b.service));
         counts
     }

@@ -435,14 +435,21 @@ impl Shard {
             .collect()
     }
 
-    /// `(alive, expired)` counts for `service`.
-    pub fn counts_for(&self, service: ServiceId) -> (u32, u32) {
-        let alive = self
-            .alive_by_service
-            .get(service.index())
-            .copied()
-            .unwrap_or(0);
-        (alive, self.expired.count_for(service))
+    /// Adds this shard's alive and listed-expired counts, by service index, to `alive` and
+    /// `expired` (grown as needed).
+    pub fn add_counts(&self, alive: &mut Vec<u64>, expired: &mut Vec<u64>) {
+        if alive.len() < self.alive_by_service.len() {
+            alive.resize(self.alive_by_service.len(), 0);
+        }
+        for (total, &count) in alive.iter_mut().zip(&self.alive_by_service) {
+            *total += u64::from(count);
+        }
+        for (service, count) in self.expired.counts() {
+            if expired.len() <= service.index() {
+                expired.resize(service.index() + 1, 0);
+            }
+            expired[service.index()] += u64::from(count);
+        }
     }
 
     fn find(&self, hash: u64, key: &Key) -> Option<SlotId> {

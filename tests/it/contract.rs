@@ -270,6 +270,9 @@ async fn real_responses_validate_against_the_spec() {
         (delete.clone(), ttl, "/v1/keys/none/ttl", None),
     ];
     let after_expiry: Vec<Step> = vec![
+        // Reading a due key expires it on the spot, so the expired list below does not depend on
+        // how soon the ticker ran on a loaded machine.
+        (get.clone(), key, "/v1/keys/c%2F2", None),
         (get.clone(), keys, "/v1/keys?state=expired", None),
         (get.clone(), "/v1/services", "/v1/services", None),
         (delete.clone(), key, "/v1/keys/c%2F1", None),
@@ -296,5 +299,5 @@ async fn real_responses_validate_against_the_spec() {
         validate(&checker.spec, &pointer, &body),
         Vec::<String>::new()
     );
-    assert_eq!(checker.n_checked, 26);
+    assert_eq!(checker.n_checked, 27);
 }

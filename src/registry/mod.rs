@@ -495,34 +495,46 @@ impl Registry {
     /// however late the call), then due heap keys. Handles at most `budget` slots; when
     /// [`SweepReport::more`] is set, call again.
     pub fn sweep(&self, now: Instant, budget: usize) -> SweepReport {
-        let ctx = self.ctx();
         let now = self.clock.at(now);
-        let now_ms = now.ms;
-        let mut guard = self.sweep_state.lock();
-        let state = &mut *guard;
         let mut report = SweepReport::default();
+        let mut spent = self.sweep_wheel(now, budget, &mut report);
+        if !report.more {
+            spent += self.sweep_heap(now, budget - spent, &mut report);
+        }
+        debug_assert!(
+            spent <= budget + SWEEP_CHUNK,
+            "a sweep call stays near its budget"
+        );
+        report
+    }
+
+    /// Processes wheel ticks up to `now` in order: detaches each tick's bucket in every shard,
+    /// then expires their slots chunk by chunk. Returns the slots handled; sets `report.more`
+    /// when the budget ran out first.
+    fn sweep_wheel(&self, now: Now, budget: usize, report: &mut SweepReport) -> usize {
+        let ctx = self.ctx();
+        let mut state = self.sweep_state.lock();
         let mut spent = 0;
         loop {
             let tick = state.tick;
             if let Some((shard_idx, slots, offset)) = state.pending.last_mut() {
                 let chunk_end = (*offset + SWEEP_CHUNK.min(budget - spent)).min(slots.len());
                 let chunk = &slots[*offset..chunk_end];
-                report.n_expired += self.shards[*shard_idx]
-                    .0
-                    .lock()
-                    .expire_detached(tick, chunk, &ctx, now);
+                let mut shard = self.shards[*shard_idx].0.lock();
+                report.n_expired += shard.expire_detached(tick, chunk, &ctx, now);
+                drop(shard);
                 spent += chunk.len();
                 *offset = chunk_end;
                 if *offset == slots.len() {
                     state.pending.pop();
                     if state.pending.is_empty() {
-                        self.swept_through.store(state.tick, Ordering::Release);
+                        self.swept_through.store(tick, Ordering::Release);
                     }
                 }
             } else {
                 let next_tick = self.swept_through.load(Ordering::Acquire) + 1;
-                if u64::from(next_tick) * 1000 > now_ms {
-                    break;
+                if u64::from(next_tick) * 1000 > now.ms {
+                    return spent;
                 }
                 state.tick = next_tick;
                 for (shard_idx, shard) in self.shards.iter().enumerate() {
@@ -533,24 +545,27 @@ impl Registry {
             }
             if spent >= budget {
                 report.more = true;
-                return report;
+                return spent;
             }
         }
-        drop(guard);
+    }
+
+    /// Expires due heap keys, at most `budget` of them, one chunk per shard lock. Returns how
+    /// many; sets `report.more` when due keys remain.
+    fn sweep_heap(&self, now: Now, budget: usize, report: &mut SweepReport) -> usize {
+        let ctx = self.ctx();
+        let mut spent = 0;
         for shard in self.shards.iter() {
-            let (n_expired, more) =
-                shard
-                    .0
-                    .lock()
-                    .expire_due_heap((budget - spent).min(SWEEP_CHUNK), &ctx, now);
+            let max = (budget - spent).min(SWEEP_CHUNK);
+            let (n_expired, more) = shard.0.lock().expire_due_heap(max, &ctx, now);
             report.n_expired += n_expired;
             spent += n_expired;
             if more || spent >= budget {
                 report.more = true;
-                return report;
+                break;
             }
         }
-        report
+        spent
     }
 
     /// When the ticker should next sweep: the next wheel tick or the earliest heap deadline.

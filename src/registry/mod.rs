@@ -336,7 +336,7 @@ impl Registry {
         let renewal = {
             let ctx = self.ctx();
             let mut shard = shard.lock();
-            shard.heartbeat(
+            let renewal = shard.heartbeat(
                 hash,
                 &heartbeat.key,
                 ttl_ms,
@@ -344,7 +344,10 @@ impl Registry {
                 heartbeat.meta,
                 &ctx,
                 now,
-            )
+            );
+            // A heartbeat on a due key expires it first: publish that event.
+            shard.flush_events(&ctx);
+            renewal
         };
         if renewal.timer == TimerKind::Heap {
             self.wake_for_heap_deadline(renewal.deadline_ms);
@@ -522,6 +525,7 @@ impl Registry {
                 let chunk = &slots[*offset..chunk_end];
                 let mut shard = self.shards[*shard_idx].0.lock();
                 report.n_expired += shard.expire_detached(tick, chunk, &ctx, now);
+                shard.flush_events(&ctx);
                 drop(shard);
                 spent += chunk.len();
                 *offset = chunk_end;
@@ -557,7 +561,10 @@ impl Registry {
         let mut spent = 0;
         for shard in self.shards.iter() {
             let max = (budget - spent).min(SWEEP_CHUNK);
-            let (n_expired, more) = shard.0.lock().expire_due_heap(max, &ctx, now);
+            let mut shard = shard.0.lock();
+            let (n_expired, more) = shard.expire_due_heap(max, &ctx, now);
+            shard.flush_events(&ctx);
+            drop(shard);
             report.n_expired += n_expired;
             spent += n_expired;
             if more || spent >= budget {
@@ -625,7 +632,9 @@ impl Registry {
         let (hash, shard) = self.shard_of(key);
         let ctx = self.ctx();
         let mut shard = shard.lock();
-        op(hash, &mut shard, &ctx)
+        let result = op(hash, &mut shard, &ctx);
+        shard.flush_events(&ctx);
+        result
     }
 
     /// Collects up to `limit + 1` items per shard (locking one shard at a time) and merges them

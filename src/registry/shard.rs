@@ -195,6 +195,9 @@ pub(super) struct Shard {
     stale_slack: usize,
     /// Alive keys per service id (index 0: keys without a service).
     alive_by_service: Vec<u32>,
+    /// Events of the operation in progress, published as one batch by [`Shard::flush_events`]
+    /// before the shard's lock is released.
+    pending_events: Vec<Event>,
     /// Alive keys in order; `None` when listing is disabled (benchmarks of the bare engine).
     ordered: Option<OrderedIndex>,
     expired: ExpiredLog,
@@ -212,6 +215,7 @@ impl Shard {
             stale_per_key: ctx.config.stale_per_key,
             stale_slack: ctx.config.stale_slack,
             alive_by_service: Vec::new(),
+            pending_events: Vec::new(),
             ordered: ctx.config.listing.then(OrderedIndex::default),
             expired: ExpiredLog::new(ctx.config.expired_retention_ms, expired_max),
         }
@@ -407,6 +411,14 @@ impl Shard {
         (n_expired, false)
     }
 
+    /// Publishes the events of the operations since the last flush, as one batch. Callers flush
+    /// before releasing the shard's lock, so the events of one key keep their order.
+    pub fn flush_events(&mut self, ctx: &Ctx<'_>) {
+        if !self.pending_events.is_empty() {
+            ctx.events.publish(std::mem::take(&mut self.pending_events));
+        }
+    }
+
     /// The earliest heap deadline, in epoch ms.
     pub fn next_heap_deadline(&self) -> Option<u64> {
         self.heap.peek().map(|(deadline_ms, _)| deadline_ms)
@@ -524,8 +536,7 @@ impl Shard {
             };
             self.expired.record(entry.key, record);
         }
-        // Published under the shard lock: events of one key keep their order.
-        ctx.events.publish(event);
+        self.pending_events.push(event);
     }
 
     /// Moves `slot`'s deadline to the structure `timer` names (`None`: no TTL). A wheel key

@@ -94,7 +94,7 @@ impl Harness {
     }
 
     /// Events published since the last call.
-    pub fn drain(&mut self) -> Vec<Arc<Event>> {
+    pub fn drain(&mut self) -> Vec<Event> {
         std::iter::from_fn(|| self.events.try_recv()).collect()
     }
 

@@ -70,11 +70,6 @@ impl Clock {
         self.at(now).ms
     }
 
-    /// The deadline `ttl_ms` after `now`, with `now` rounded up to the next whole millisecond.
-    pub fn deadline_ms(&self, now: Instant, ttl_ms: u64) -> u64 {
-        self.at(now).deadline_ms(ttl_ms)
-    }
-
     /// The instant at `ms` after the epoch.
     pub fn instant_at(&self, ms: u64) -> Instant {
         self.epoch + Duration::from_millis(ms)
@@ -101,8 +96,11 @@ mod tests {
         let clock = Clock::with_unix_ms_at_epoch(epoch, 1_000_000);
         let now = epoch + Duration::from_micros(1_500);
         assert_eq!(clock.now_ms(now), 1);
-        assert_eq!(clock.deadline_ms(now, 10), 12);
-        assert_eq!(clock.deadline_ms(epoch + Duration::from_millis(2), 10), 12);
+        assert_eq!(clock.at(now).deadline_ms(10), 12);
+        assert_eq!(
+            clock.at(epoch + Duration::from_millis(2)).deadline_ms(10),
+            12
+        );
         assert_eq!(clock.unix_ms(12), 1_000_012);
         assert_eq!(clock.ms_from_unix(999_000), -1_000);
         assert_eq!(clock.instant_at(12), epoch + Duration::from_millis(12));

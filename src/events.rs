@@ -13,7 +13,7 @@
 //! streams) drain this queue promptly into their own bounded structures, where they count what
 //! they shed. A subscriber that is dropped is unsubscribed at the next publish.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -66,8 +66,6 @@ struct Subscriber {
 pub struct EventBus {
     /// One unbounded queue per subscriber; closed ones are pruned on the next publish.
     subscribers: RwLock<Vec<Subscriber>>,
-    /// Events published since start, for observability and tests.
-    n_published: AtomicU64,
 }
 
 /// The receiving end of a subscription: events one at a time, in publication order.
@@ -135,8 +133,6 @@ impl EventBus {
             return;
         }
         let n_events = events.len();
-        self.n_published
-            .fetch_add(n_events as u64, Ordering::Relaxed);
         let batch = Arc::new(events);
         let mut saw_closed = false;
         for subscriber in self.subscribers.read().iter() {
@@ -148,9 +144,5 @@ impl EventBus {
                 .write()
                 .retain(|subscriber| !subscriber.sender.is_closed());
         }
-    }
-
-    pub fn n_published(&self) -> u64 {
-        self.n_published.load(Ordering::Relaxed)
     }
 }

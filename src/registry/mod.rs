@@ -303,10 +303,6 @@ impl Registry {
         self.events.subscribe()
     }
 
-    pub fn events(&self) -> &EventBus {
-        &self.events
-    }
-
     /// Keys currently indexed (alive, or due and not yet swept).
     pub fn len(&self) -> usize {
         self.shards.iter().map(|shard| shard.0.lock().len()).sum()

@@ -384,7 +384,8 @@ impl Shard {
                 n_expired += 1;
             } else {
                 // Filed at the horizon because the sweeper was behind (see `TimingWheel::clamp`):
-                // not due yet, so file it again where it belongs.
+                // not due yet, so file it again where it belongs. Its element here is consumed
+                // by this sweep, so clear the timer first: `unschedule` must not count it stale.
                 let deadline_ms = entry.deadline_ms;
                 self.slots.entry_mut(slot).timer = TimerRef::PERSISTENT;
                 self.schedule(slot, Some(TimerKind::Wheel), deadline_ms);

@@ -86,6 +86,11 @@ impl Clock {
     }
 }
 
+/// A Unix time in ms as RFC 3339 UTC with milliseconds, as every API and payload shows times.
+pub fn rfc3339(unix_ms: u64) -> String {
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(unix_ms)).to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,6 +7,11 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use reqwest::Url;
+
+use crate::events::EventKind;
+use crate::notify::signing::WebhookSecret;
+use crate::notify::Settings;
 
 use crate::types::MAX_TTL_MS;
 
@@ -52,12 +57,135 @@ pub struct Config {
     #[arg(long, env = "TTLWHEEL_EXPIRED_MAX", default_value_t = 100_000)]
     pub expired_max: usize,
 
+    /// URL to POST each event to (http or https); repeat the flag, or separate URLs with commas
+    /// in the environment variable. Every URL gets every event.
+    #[arg(long = "webhook-url", env = "TTLWHEEL_WEBHOOK_URL", value_name = "URL",
+          value_delimiter = ',', value_parser = parse_webhook_url)]
+    pub webhook_urls: Vec<Url>,
+
+    /// Standard Webhooks signing secret: `whsec_` + base64 of 24 to 64 random bytes. Without it,
+    /// webhooks are sent unsigned. Prefer the environment variable: flags show in `ps`.
+    #[arg(
+        long,
+        env = "TTLWHEEL_WEBHOOK_SECRET",
+        hide_env_values = true,
+        value_name = "whsec_..."
+    )]
+    pub webhook_secret: Option<WebhookSecret>,
+
+    /// Which events are sent to webhooks, comma-separated.
+    #[arg(
+        long,
+        env = "TTLWHEEL_WEBHOOK_EVENTS",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "expired"
+    )]
+    pub webhook_events: Vec<WebhookEvent>,
+
+    /// Time limit of one delivery attempt: connect, send, and read the answer (e.g. `10s`).
+    #[arg(long, env = "TTLWHEEL_WEBHOOK_TIMEOUT", default_value = "10s",
+          value_parser = parse_positive_duration)]
+    pub webhook_timeout: Duration,
+
+    /// Delivery attempts in flight per URL (1..=1024).
+    #[arg(long, env = "TTLWHEEL_WEBHOOK_CONCURRENCY", default_value_t = 16,
+          value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub webhook_concurrency: u16,
+
+    /// Attempts per event before it becomes a dead letter (1..=100).
+    #[arg(long, env = "TTLWHEEL_WEBHOOK_MAX_ATTEMPTS", default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub webhook_max_attempts: u32,
+
+    /// Waits between attempts, comma-separated; the last one repeats. Each wait is jittered by
+    /// up to 20% either way; a 429 or 503 with `Retry-After` sets the wait instead (at most 1h).
+    #[arg(long, env = "TTLWHEEL_WEBHOOK_RETRY_SCHEDULE", value_delimiter = ',',
+          default_value = crate::notify::backoff::DEFAULT_SCHEDULE, value_parser = parse_positive_duration)]
+    pub webhook_retry_schedule: Vec<Duration>,
+
+    /// Events held per URL at most (pending, retrying and in flight). Past it, new events for
+    /// that URL are dropped and counted (`dropped.queue_full` in `GET /v1/webhooks`).
+    #[arg(long, env = "TTLWHEEL_WEBHOOK_QUEUE_MAX", default_value_t = 1_000_000,
+          value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub webhook_queue_max: u64,
+
+    /// Undeliverable events kept for `GET /v1/webhooks/dead-letters`; the newest are kept.
+    #[arg(
+        long,
+        env = "TTLWHEEL_WEBHOOK_DEAD_LETTERS_MAX",
+        default_value_t = 10_000
+    )]
+    pub webhook_dead_letters_max: usize,
+
+    /// How long shutdown waits for held webhook events to be delivered.
+    #[arg(long, env = "TTLWHEEL_WEBHOOK_DRAIN_TIMEOUT", default_value = "10s",
+          value_parser = humantime::parse_duration)]
+    pub webhook_drain_timeout: Duration,
+
     /// Log format.
     #[arg(long, env = "TTLWHEEL_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
 }
 
+/// An event kind that can be sent to webhooks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum WebhookEvent {
+    Expired,
+    Deleted,
+}
+
+impl From<WebhookEvent> for EventKind {
+    fn from(event: WebhookEvent) -> Self {
+        match event {
+            WebhookEvent::Expired => EventKind::Expired,
+            WebhookEvent::Deleted => EventKind::Deleted,
+        }
+    }
+}
+
+/// An absolute http(s) URL with a host.
+fn parse_webhook_url(text: &str) -> Result<Url, String> {
+    let url = Url::parse(text).map_err(|error| format!("not a URL ({error})"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!(
+            "webhook URLs must be http or https, not `{}`",
+            url.scheme()
+        ));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err("a webhook URL needs a host".into());
+    }
+    Ok(url)
+}
+
+fn parse_positive_duration(text: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(duration) if duration.is_zero() => Err("must be longer than zero".into()),
+        Ok(duration) => Ok(duration),
+        Err(error) => Err(error.to_string()),
+    }
+}
+
 impl Config {
+    /// The webhook settings these flags imply.
+    pub fn webhook_settings(&self) -> Settings {
+        let mut events: Vec<EventKind> = self.webhook_events.iter().map(|&e| e.into()).collect();
+        events.dedup();
+        Settings {
+            urls: self.webhook_urls.clone(),
+            secret: self.webhook_secret.clone(),
+            events,
+            timeout: self.webhook_timeout,
+            concurrency: usize::from(self.webhook_concurrency),
+            max_attempts: self.webhook_max_attempts,
+            retry_schedule: self.webhook_retry_schedule.clone(),
+            queue_max: self.webhook_queue_max as usize,
+            dead_letters_max: self.webhook_dead_letters_max,
+            drain_timeout: self.webhook_drain_timeout,
+        }
+    }
+
     /// The embedded defaults, as `ttlwheel` with no flags and no environment would run.
     pub fn defaults() -> Self {
         Self::parse_from(["ttlwheel"])

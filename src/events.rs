@@ -20,6 +20,7 @@ use parking_lot::RwLock;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
+use crate::clock::rfc3339;
 use crate::types::{Key, Meta, ServiceName};
 
 /// What happened to a key.
@@ -48,6 +49,47 @@ pub struct Event {
     pub occurred_at_ms: u64,
     /// `occurred_at - deadline` for an expiry; 0 for a deletion.
     pub lateness_ms: u64,
+}
+
+impl EventKind {
+    /// The event's `type` in webhook payloads (and live streams): `key.expired`, `key.deleted`.
+    pub fn type_name(self) -> &'static str {
+        match self {
+            Self::Expired => "key.expired",
+            Self::Deleted => "key.deleted",
+        }
+    }
+}
+
+impl Event {
+    /// The event's fields as outside consumers see them (times in RFC 3339).
+    pub fn data(&self) -> EventData<'_> {
+        EventData(self)
+    }
+}
+
+/// Serializes an [`Event`] as the `data` object of a webhook payload:
+/// `{key, service, meta, ttl_ms, registered_at, last_heartbeat_at, deadline, occurred_at,
+/// lateness_ms}`. `service`, `meta`, `ttl_ms` and `deadline` are `null` when the key had none.
+#[derive(Clone, Copy, Debug)]
+pub struct EventData<'a>(&'a Event);
+
+impl Serialize for EventData<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let event = self.0;
+        let mut data = serializer.serialize_struct("EventData", 9)?;
+        data.serialize_field("key", &event.key)?;
+        data.serialize_field("service", &event.service.as_ref().map(|s| s.as_str()))?;
+        data.serialize_field("meta", &event.meta.as_ref().map(|meta| meta.raw()))?;
+        data.serialize_field("ttl_ms", &event.ttl_ms)?;
+        data.serialize_field("registered_at", &rfc3339(event.registered_at_ms))?;
+        data.serialize_field("last_heartbeat_at", &rfc3339(event.last_heartbeat_at_ms))?;
+        data.serialize_field("deadline", &event.deadline_ms.map(rfc3339))?;
+        data.serialize_field("occurred_at", &rfc3339(event.occurred_at_ms))?;
+        data.serialize_field("lateness_ms", &event.lateness_ms)?;
+        data.end()
+    }
 }
 
 /// A batch of events, shared by every subscriber.

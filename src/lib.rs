@@ -10,6 +10,7 @@
 //! - [`registry`]: keys, metadata and which timer holds each; the only door to the timers.
 //! - [`ticker`]: the task that owns time and sweeps what is due.
 //! - [`events`]: expiry and deletion events and their fan-out.
+//! - [`notify`]: webhook delivery of those events: signed, retried, bounded.
 //! - [`clock`]: monotonic epoch milliseconds and their display as wall time.
 //!
 //! See `ARCHITECTURE.md` for the map and the invariants.
@@ -19,6 +20,7 @@ pub mod config;
 pub mod events;
 pub mod expiry;
 pub mod http;
+pub mod notify;
 pub mod registry;
 pub mod ticker;
 pub mod types;
@@ -30,6 +32,7 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 
 use config::Config;
+use notify::Notifier;
 use registry::{Registry, RegistryConfig};
 use types::Ttl;
 
@@ -44,7 +47,8 @@ pub fn registry_config(config: &Config) -> RegistryConfig {
 }
 
 /// Serves the API on `listener` until `shutdown` resolves: then stops accepting, finishes
-/// in-flight requests, stops the ticker, and returns.
+/// in-flight requests, stops the ticker, gives webhook deliveries up to the drain timeout, and
+/// returns.
 pub async fn run(
     listener: TcpListener,
     config: Config,
@@ -53,6 +57,8 @@ pub async fn run(
     let registry = Arc::new(Registry::new(registry_config(&config), Instant::now()));
     let default_ttl = Ttl::from_secs(config.default_ttl)
         .map_err(|invalid| std::io::Error::new(std::io::ErrorKind::InvalidInput, invalid))?;
+    let notifier = Notifier::start(config.webhook_settings(), &registry)
+        .map_err(|error| std::io::Error::other(error.to_string()))?;
     let (stop_ticker, ticker_stopped) = tokio::sync::oneshot::channel::<()>();
     let ticker = tokio::spawn(ticker::run(Arc::clone(&registry), async {
         // An error means the sender is gone, which also means: stop.
@@ -61,6 +67,7 @@ pub async fn run(
     let app = http::app(http::AppState {
         registry,
         default_ttl,
+        notifier: Arc::clone(&notifier),
     });
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
@@ -69,5 +76,6 @@ pub async fn run(
     if let Err(panicked) = ticker.await {
         tracing::error!(%panicked, "the ticker task failed");
     }
+    notifier.shutdown().await;
     served
 }

@@ -32,6 +32,10 @@ pub enum ApiError {
     TooManyServices(String),
     #[error("no such key")]
     KeyNotFound,
+    #[error("{0}")]
+    DeadLetterNotFound(String),
+    #[error("{0}")]
+    WebhookQueueFull(String),
     #[error("no such route")]
     RouteNotFound,
     #[error("method not allowed on this route")]
@@ -56,7 +60,10 @@ impl ApiError {
             | Self::InvalidQuery(_)
             | Self::BatchTooLarge { .. } => StatusCode::BAD_REQUEST,
             Self::TooManyServices(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::KeyNotFound | Self::RouteNotFound => StatusCode::NOT_FOUND,
+            Self::KeyNotFound | Self::DeadLetterNotFound(_) | Self::RouteNotFound => {
+                StatusCode::NOT_FOUND
+            }
+            Self::WebhookQueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -74,7 +81,8 @@ impl ApiError {
             Self::InvalidQuery(_) => "invalid_query",
             Self::BatchTooLarge { .. } => "batch_too_large",
             Self::TooManyServices(_) => "too_many_services",
-            Self::KeyNotFound => "not_found",
+            Self::KeyNotFound | Self::DeadLetterNotFound(_) => "not_found",
+            Self::WebhookQueueFull(_) => "webhook_queue_full",
             Self::RouteNotFound => "route_not_found",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::PayloadTooLarge { .. } => "payload_too_large",

@@ -10,13 +10,15 @@ pub mod health;
 pub mod heartbeats;
 pub mod keys;
 pub mod services;
+pub mod webhooks;
 
 use std::sync::Arc;
-use std::time::{Duration, UNIX_EPOCH};
 
 use axum::routing::{get, post};
 use axum::Router;
 
+pub use crate::clock::rfc3339;
+use crate::notify::Notifier;
 use crate::registry::Registry;
 use crate::types::Ttl;
 use error::ApiError;
@@ -27,6 +29,8 @@ pub struct AppState {
     pub registry: Arc<Registry>,
     /// TTL of a heartbeat that names none (`--default-ttl`).
     pub default_ttl: Ttl,
+    /// Webhook delivery, for its status and dead letters.
+    pub notifier: Arc<Notifier>,
 }
 
 /// Every route the API serves, as `(path, methods)`: the router is built from the same paths,
@@ -38,6 +42,9 @@ pub const ROUTES: &[(&str, &[&str])] = &[
     ("/v1/keys/{key}", &["GET", "DELETE"]),
     ("/v1/keys/{key}/ttl", &["GET", "PUT", "DELETE"]),
     ("/v1/services", &["GET"]),
+    ("/v1/webhooks", &["GET"]),
+    ("/v1/webhooks/dead-letters", &["GET"]),
+    ("/v1/webhooks/dead-letters/{id}/retry", &["POST"]),
     ("/healthz", &["GET"]),
     ("/openapi.yaml", &["GET"]),
 ];
@@ -56,14 +63,12 @@ pub fn app(state: AppState) -> Router {
                 .delete(keys::ttl_delete),
         )
         .route(ROUTES[5].0, get(services::services_list))
-        .route(ROUTES[6].0, get(health::healthz))
-        .route(ROUTES[7].0, get(health::openapi_yaml))
+        .route(ROUTES[6].0, get(webhooks::webhooks_status))
+        .route(ROUTES[7].0, get(webhooks::dead_letters_list))
+        .route(ROUTES[8].0, post(webhooks::dead_letter_retry))
+        .route(ROUTES[9].0, get(health::healthz))
+        .route(ROUTES[10].0, get(health::openapi_yaml))
         .fallback(|| async { ApiError::RouteNotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(state)
-}
-
-/// A Unix time in ms as RFC 3339 UTC with milliseconds.
-pub fn rfc3339(unix_ms: u64) -> String {
-    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(unix_ms)).to_string()
 }

@@ -1,0 +1,191 @@
+//! Events that could not be delivered: kept for operators to read and re-send.
+//!
+//! Bounded: at most `max` letters, the newest kept. Each letter dropped to make room is counted
+//! in `dropped`, which `GET /v1/webhooks/dead-letters` reports. Ids increase with each letter
+//! and are never reused within a run, so a page cursor is simply the last id seen.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::message::Message;
+
+/// One undelivered event for one URL.
+#[derive(Clone, Debug)]
+pub struct DeadLetter {
+    pub id: u64,
+    /// Index of the URL in the configured list.
+    pub endpoint: usize,
+    pub message: Arc<Message>,
+    pub attempts: u32,
+    /// Why the last attempt failed (or why none was made).
+    pub last_error: String,
+    /// Unix ms.
+    pub failed_at_ms: u64,
+}
+
+/// A letter to file: everything but the id.
+#[derive(Debug)]
+pub struct NewLetter {
+    pub endpoint: usize,
+    pub message: Arc<Message>,
+    pub attempts: u32,
+    pub last_error: String,
+    pub failed_at_ms: u64,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// In id order, oldest first.
+    letters: VecDeque<DeadLetter>,
+    next_id: u64,
+    dropped: u64,
+}
+
+/// See the module documentation.
+#[derive(Debug)]
+pub struct DeadLetters {
+    inner: Mutex<Inner>,
+    max: usize,
+}
+
+/// A page of letters and what the store holds.
+#[derive(Debug)]
+pub struct Page {
+    pub letters: Vec<DeadLetter>,
+    /// The id to pass as `cursor` for the next page; `None` on the last page.
+    pub next_cursor: Option<u64>,
+    pub count: usize,
+    pub dropped: u64,
+}
+
+impl DeadLetters {
+    pub fn new(max: usize) -> Self {
+        Self {
+            inner: Mutex::new(Inner {
+                next_id: 1,
+                ..Inner::default()
+            }),
+            max,
+        }
+    }
+
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Files a letter, dropping the oldest past the bound; returns its id.
+    pub fn file(&self, letter: NewLetter) -> u64 {
+        let mut inner = self.inner.lock();
+        let id = inner.next_id;
+        inner.next_id += 1;
+        inner.letters.push_back(DeadLetter {
+            id,
+            endpoint: letter.endpoint,
+            message: letter.message,
+            attempts: letter.attempts,
+            last_error: letter.last_error,
+            failed_at_ms: letter.failed_at_ms,
+        });
+        while inner.letters.len() > self.max {
+            inner.letters.pop_front();
+            inner.dropped += 1;
+        }
+        id
+    }
+
+    /// Up to `limit` letters with ids above `after`, oldest first.
+    pub fn page(&self, after: Option<u64>, limit: usize) -> Page {
+        let inner = self.inner.lock();
+        let start = after.map_or(0, |after| inner.letters.partition_point(|l| l.id <= after));
+        let letters: Vec<DeadLetter> = inner.letters.range(start..).take(limit).cloned().collect();
+        let more = start + letters.len() < inner.letters.len();
+        Page {
+            next_cursor: letters.last().filter(|_| more).map(|last| last.id),
+            letters,
+            count: inner.letters.len(),
+            dropped: inner.dropped,
+        }
+    }
+
+    /// Removes and returns letter `id`.
+    pub fn take(&self, id: u64) -> Option<DeadLetter> {
+        let mut inner = self.inner.lock();
+        let index = inner.letters.binary_search_by_key(&id, |l| l.id).ok()?;
+        inner.letters.remove(index)
+    }
+
+    /// Puts back a letter taken with [`DeadLetters::take`] (its re-send could not be queued).
+    pub fn restore(&self, letter: DeadLetter) {
+        let mut inner = self.inner.lock();
+        let index = inner.letters.partition_point(|l| l.id < letter.id);
+        inner.letters.insert(index, letter);
+    }
+
+    pub fn count(&self) -> usize {
+        self.inner.lock().letters.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::{Event, EventKind};
+    use crate::types::Key;
+
+    fn letter(n: u64) -> NewLetter {
+        NewLetter {
+            endpoint: 0,
+            message: Arc::new(Message {
+                id: format!("msg_{n}").into_boxed_str(),
+                event: Event {
+                    kind: EventKind::Expired,
+                    key: Key::new("k").unwrap(),
+                    service: None,
+                    meta: None,
+                    ttl_ms: None,
+                    registered_at_ms: 0,
+                    last_heartbeat_at_ms: 0,
+                    deadline_ms: None,
+                    occurred_at_ms: n,
+                    lateness_ms: 0,
+                },
+            }),
+            attempts: 8,
+            last_error: "HTTP 500".into(),
+            failed_at_ms: n,
+        }
+    }
+
+    #[test]
+    fn keeps_the_newest_and_counts_the_dropped() {
+        let store = DeadLetters::new(3);
+        for n in 1..=5 {
+            assert_eq!(store.file(letter(n)), n);
+        }
+        let page = store.page(None, 10);
+        let ids: Vec<u64> = page.letters.iter().map(|l| l.id).collect();
+        assert_eq!(ids, [3, 4, 5]);
+        assert_eq!((page.count, page.dropped, page.next_cursor), (3, 2, None));
+    }
+
+    #[test]
+    fn pages_take_and_restore_by_id() {
+        let store = DeadLetters::new(10);
+        for n in 1..=5 {
+            store.file(letter(n));
+        }
+        let first = store.page(None, 2);
+        assert_eq!(first.next_cursor, Some(2));
+        let second = store.page(first.next_cursor, 2);
+        assert_eq!(second.letters[0].id, 3);
+        let taken = store.take(3).unwrap();
+        assert!(store.take(3).is_none());
+        assert_eq!(store.count(), 4);
+        store.restore(taken);
+        let ids: Vec<u64> = store.page(None, 10).letters.iter().map(|l| l.id).collect();
+        assert_eq!(ids, [1, 2, 3, 4, 5]);
+        assert_eq!(store.page(Some(5), 10).letters.len(), 0);
+    }
+}

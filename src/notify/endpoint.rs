@@ -1,0 +1,439 @@
+//! One webhook URL: its outbox, its counters, and the task that delivers to it.
+//!
+//! The delivery task keeps up to `concurrency` attempts in flight, each a spawned task, and
+//! settles each as it finishes: delivered, retry later, or give up (to the dead letters). It is
+//! woken by new events, by the earliest retry time, and by shutdown. The dispatcher only ever
+//! takes this endpoint's mutex for a few pushes, so a slow receiver slows nothing upstream.
+//!
+//! A 410 Gone answer marks the URL gone: nothing more is sent to it, what it held moves to the
+//! dead letters, and new events for it are counted as dropped, until an operator re-sends a dead
+//! letter to it (which re-enables it).
+
+use std::collections::HashMap;
+use std::error::Error as _;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+use reqwest::header::{CONTENT_TYPE, RETRY_AFTER};
+use reqwest::{StatusCode, Url};
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinSet;
+use tokio::time::{sleep_until, Instant};
+
+use super::backoff;
+use super::dead_letters::{DeadLetters, NewLetter};
+use super::message::Message;
+use super::outbox::{Full, Job, Outbox, Pending};
+use super::signing::WebhookSecret;
+
+/// How much of a failed answer's body is kept in `last_error`.
+const ERROR_SNIPPET_CHARS: usize = 200;
+/// How much of any answer's body is read (so the connection can be reused) before giving up on it.
+const MAX_ANSWER_BYTES: usize = 64 * 1024;
+
+/// What every endpoint's delivery task shares.
+#[derive(Debug)]
+pub(super) struct Delivery {
+    pub client: reqwest::Client,
+    pub secret: Option<WebhookSecret>,
+    pub timeout: Duration,
+    pub concurrency: usize,
+    pub max_attempts: u32,
+    pub retry_schedule: Vec<Duration>,
+    pub dead_letters: Arc<DeadLetters>,
+}
+
+/// Counters of one URL since start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Events delivered (a 2xx answer).
+    pub delivered: u64,
+    /// Events given up on: moved to the dead letters.
+    pub failed: u64,
+    /// Attempts that failed (each retry counts).
+    pub failed_attempts: u64,
+    /// Events refused because the outbox was full.
+    pub dropped_queue_full: u64,
+    /// Events not queued because the URL answered 410 Gone.
+    pub dropped_gone: u64,
+}
+
+/// The last failed attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LastError {
+    pub at_ms: u64,
+    pub event_id: Box<str>,
+    pub message: String,
+}
+
+/// A URL's state as `GET /v1/webhooks` shows it.
+#[derive(Clone, Debug)]
+pub struct EndpointStatus {
+    pub url: String,
+    pub gone: bool,
+    pub counters: Counters,
+    pub pending: usize,
+    pub in_flight: usize,
+    pub oldest_pending_age_ms: Option<u64>,
+    pub last_error: Option<LastError>,
+    pub last_delivered_at_ms: Option<u64>,
+}
+
+#[derive(Debug)]
+struct State {
+    outbox: Outbox,
+    gone: bool,
+    /// Set while the outbox refuses events, so the warning is logged once per episode.
+    overflowing: bool,
+    counters: Counters,
+    last_error: Option<LastError>,
+    last_delivered_at_ms: Option<u64>,
+}
+
+/// See the module documentation.
+#[derive(Debug)]
+pub struct Endpoint {
+    index: usize,
+    url: Url,
+    /// The URL with any password hidden, for logs and the API.
+    shown_url: String,
+    state: Mutex<State>,
+    wake: Notify,
+}
+
+/// How one attempt ended.
+#[derive(Debug)]
+enum Outcome {
+    Delivered,
+    Gone(String),
+    Failed {
+        error: String,
+        retry_after: Option<Duration>,
+    },
+}
+
+impl Endpoint {
+    pub(super) fn new(index: usize, url: Url, queue_max: usize) -> Self {
+        Self {
+            index,
+            shown_url: redacted(&url),
+            url,
+            state: Mutex::new(State {
+                outbox: Outbox::new(queue_max),
+                gone: false,
+                overflowing: false,
+                counters: Counters::default(),
+                last_error: None,
+                last_delivered_at_ms: None,
+            }),
+            wake: Notify::new(),
+        }
+    }
+
+    pub fn shown_url(&self) -> &str {
+        &self.shown_url
+    }
+
+    /// Queues new events; past the bound, or when the URL is gone, counts them as dropped.
+    pub(super) fn accept(&self, messages: &[Arc<Message>], now: Instant) {
+        let mut state = self.state.lock();
+        for message in messages {
+            if state.gone {
+                state.counters.dropped_gone += 1;
+            } else if state.outbox.push(Arc::clone(message), 0, now).is_err() {
+                state.counters.dropped_queue_full += 1;
+                if !state.overflowing {
+                    state.overflowing = true;
+                    tracing::warn!(url = %self.shown_url, pending = state.outbox.len(),
+                        first_dropped = %message.id,
+                        "webhook queue full: new events for this URL are dropped (and counted) until it drains");
+                }
+            } else if state.overflowing {
+                state.overflowing = false;
+                tracing::warn!(url = %self.shown_url, dropped_total = state.counters.dropped_queue_full,
+                    "webhook queue has room again");
+            }
+        }
+        drop(state);
+        self.wake.notify_one();
+    }
+
+    /// Queues a re-send of a dead letter with a fresh attempt budget; re-enables a gone URL.
+    pub(super) fn requeue(&self, message: Arc<Message>, now: Instant) -> Result<(), Full> {
+        let mut state = self.state.lock();
+        state.outbox.push(message, 0, now)?;
+        if state.gone {
+            state.gone = false;
+            tracing::warn!(url = %self.shown_url, "webhook URL re-enabled by a dead-letter retry");
+        }
+        drop(state);
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    pub fn status(&self, now: Instant) -> EndpointStatus {
+        let state = self.state.lock();
+        EndpointStatus {
+            url: self.shown_url.clone(),
+            gone: state.gone,
+            counters: state.counters,
+            pending: state.outbox.len(),
+            in_flight: state.outbox.in_flight(),
+            oldest_pending_age_ms: state
+                .outbox
+                .oldest_arrival()
+                .map(|at| now.saturating_duration_since(at).as_millis() as u64),
+            last_error: state.last_error.clone(),
+            last_delivered_at_ms: state.last_delivered_at_ms,
+        }
+    }
+
+    /// Delivers until `stop` carries a deadline and then either everything is delivered or the
+    /// deadline passes. Returns how many events were still held.
+    pub(super) async fn deliver(
+        self: Arc<Self>,
+        delivery: Arc<Delivery>,
+        mut stop: watch::Receiver<Option<Instant>>,
+    ) -> usize {
+        let mut attempts = JoinSet::new();
+        let mut running: HashMap<tokio::task::Id, Job> = HashMap::new();
+        let mut drain_until: Option<Instant> = None;
+        loop {
+            let (jobs, next_retry, empty) = self.next_jobs(delivery.concurrency - running.len());
+            for job in jobs {
+                let attempt = attempt(
+                    Arc::clone(&delivery),
+                    self.url.clone(),
+                    Arc::clone(&job.message),
+                );
+                running.insert(attempts.spawn(attempt).id(), job);
+            }
+            if drain_until.is_some() && empty {
+                break;
+            }
+            tokio::select! {
+                Some(joined) = attempts.join_next_with_id() => {
+                    let (id, outcome) = match joined {
+                        Ok((id, outcome)) => (id, outcome),
+                        Err(failed) => (failed.id(), Outcome::Failed {
+                            error: format!("delivery task failed: {failed}"),
+                            retry_after: None,
+                        }),
+                    };
+                    if let Some(job) = running.remove(&id) {
+                        self.settle(job, outcome, &delivery);
+                    }
+                }
+                () = self.wake.notified() => {}
+                () = sleep_until(next_retry.unwrap_or_else(far_future)), if next_retry.is_some() => {}
+                _ = stop.changed(), if drain_until.is_none() => {
+                    drain_until = Some(stop.borrow().unwrap_or_else(Instant::now));
+                }
+                () = sleep_until(drain_until.unwrap_or_else(far_future)), if drain_until.is_some() => break,
+            }
+        }
+        attempts.abort_all();
+        self.state.lock().outbox.len()
+    }
+
+    /// Jobs to start (none while gone), the next retry time, and whether nothing is held.
+    fn next_jobs(&self, free: usize) -> (Vec<Job>, Option<Instant>, bool) {
+        let mut state = self.state.lock();
+        let jobs = if state.gone {
+            Vec::new()
+        } else {
+            state.outbox.take_jobs(Instant::now(), free)
+        };
+        (jobs, state.outbox.next_retry_at(), state.outbox.is_empty())
+    }
+
+    fn settle(&self, job: Job, outcome: Outcome, delivery: &Delivery) {
+        let key = &job.message.event.key;
+        let now_ms = unix_now_ms();
+        let mut given_up: Vec<(Pending, String)> = Vec::new();
+        let mut state = self.state.lock();
+        match outcome {
+            Outcome::Delivered => {
+                state.outbox.delivered(key);
+                state.counters.delivered += 1;
+                state.last_delivered_at_ms = Some(now_ms);
+            }
+            Outcome::Gone(error) => {
+                self.note_failure(&mut state, &job, &error, now_ms);
+                if !state.gone {
+                    state.gone = true;
+                    tracing::error!(url = %self.shown_url, event_id = %job.message.id,
+                        "webhook receiver answered 410 Gone: delivery to this URL is STOPPED; \
+                         its pending events move to the dead letters");
+                }
+                given_up.extend(state.outbox.given_up(key).map(|p| (p, error)));
+                let idle = state.outbox.drain_idle();
+                if !idle.is_empty() {
+                    tracing::error!(url = %self.shown_url, events = idle.len(),
+                        "events not attempted because the URL is gone, kept as dead letters");
+                }
+                given_up.extend(
+                    idle.into_iter()
+                        .map(|p| (p, "not attempted: 410 Gone".into())),
+                );
+            }
+            Outcome::Failed { error, retry_after } => {
+                self.note_failure(&mut state, &job, &error, now_ms);
+                if state.gone || job.attempt >= delivery.max_attempts {
+                    tracing::error!(url = %self.shown_url, event_id = %job.message.id, key = %key,
+                        attempts = job.attempt, %error,
+                        "webhook delivery failed for good; kept as a dead letter");
+                    given_up.extend(state.outbox.given_up(key).map(|p| (p, error)));
+                } else {
+                    let wait = retry_after.unwrap_or_else(|| {
+                        backoff::delay(&delivery.retry_schedule, job.attempt, fastrand::f64())
+                    });
+                    state.outbox.retry_at(key, Instant::now() + wait);
+                }
+            }
+        }
+        state.counters.failed += given_up.len() as u64;
+        drop(state);
+        for (pending, last_error) in given_up {
+            delivery.dead_letters.file(NewLetter {
+                endpoint: self.index,
+                message: pending.message,
+                attempts: pending.attempts,
+                last_error,
+                failed_at_ms: now_ms,
+            });
+        }
+    }
+
+    fn note_failure(&self, state: &mut State, job: &Job, error: &str, now_ms: u64) {
+        state.counters.failed_attempts += 1;
+        state.last_error = Some(LastError {
+            at_ms: now_ms,
+            event_id: job.message.id.clone(),
+            message: error.to_owned(),
+        });
+        tracing::debug!(url = %self.shown_url, event_id = %job.message.id, attempt = job.attempt, %error,
+            "webhook attempt failed");
+    }
+}
+
+/// One POST of `message` to `url`, signed now.
+async fn attempt(delivery: Arc<Delivery>, url: Url, message: Arc<Message>) -> Outcome {
+    let body = message.body();
+    let timestamp = (unix_now_ms() / 1000) as i64;
+    let mut request = delivery
+        .client
+        .post(url)
+        .header(CONTENT_TYPE, "application/json")
+        .header("webhook-id", &*message.id)
+        .header("webhook-timestamp", timestamp);
+    if let Some(secret) = &delivery.secret {
+        request = request.header(
+            "webhook-signature",
+            secret.sign(&message.id, timestamp, &body),
+        );
+    }
+    match request.body(body).send().await {
+        Ok(response) => classify(response).await,
+        Err(error) => Outcome::Failed {
+            error: describe(&error, delivery.timeout),
+            retry_after: None,
+        },
+    }
+}
+
+/// 2xx delivered; 410 gone; anything else failed, with `Retry-After` read on 429 and 503.
+async fn classify(mut response: reqwest::Response) -> Outcome {
+    let status = response.status();
+    let retry_after = match status {
+        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => response
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| backoff::parse_retry_after(value, SystemTime::now())),
+        _ => None,
+    };
+    let answer = read_answer(&mut response).await;
+    if status.is_success() {
+        return Outcome::Delivered;
+    }
+    let snippet: String = String::from_utf8_lossy(&answer)
+        .chars()
+        .take(ERROR_SNIPPET_CHARS)
+        .collect();
+    let error = if snippet.trim().is_empty() {
+        format!("HTTP {status}")
+    } else {
+        format!("HTTP {status}: {}", snippet.trim())
+    };
+    if status == StatusCode::GONE {
+        Outcome::Gone(error)
+    } else {
+        Outcome::Failed { error, retry_after }
+    }
+}
+
+/// Reads up to [`MAX_ANSWER_BYTES`] of the answer's body; errors end the read quietly (the status
+/// is what counts).
+async fn read_answer(response: &mut reqwest::Response) -> Vec<u8> {
+    let mut answer = Vec::new();
+    while answer.len() < MAX_ANSWER_BYTES {
+        match response.chunk().await {
+            Ok(Some(chunk)) => answer.extend_from_slice(&chunk),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    answer
+}
+
+/// A transport error with its causes, e.g. `connection failed: ...: Connection refused`.
+fn describe(error: &reqwest::Error, timeout: Duration) -> String {
+    if error.is_timeout() {
+        return format!("timed out after {}", humantime::format_duration(timeout));
+    }
+    let mut text = if error.is_connect() {
+        "connection failed".to_owned()
+    } else {
+        "request failed".to_owned()
+    };
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// `url` with its password, if any, replaced by `***`.
+fn redacted(url: &Url) -> String {
+    let mut shown = url.clone();
+    if shown.password().is_some() {
+        let _ = shown.set_password(Some("***"));
+    }
+    shown.to_string()
+}
+
+fn unix_now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis() as u64)
+}
+
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(86_400 * 365)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hides_passwords_in_shown_urls() {
+        let url = Url::parse("https://ops:s3cret@hooks.example/ttl?x=1").unwrap();
+        assert_eq!(redacted(&url), "https://ops:***@hooks.example/ttl?x=1");
+        let plain = Url::parse("http://127.0.0.1:9000/hook").unwrap();
+        assert_eq!(redacted(&plain), "http://127.0.0.1:9000/hook");
+    }
+}

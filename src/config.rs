@@ -69,7 +69,8 @@ pub struct Config {
         long,
         env = "TTLWHEEL_WEBHOOK_SECRET",
         hide_env_values = true,
-        value_name = "whsec_..."
+        value_name = "whsec_...",
+        value_parser = SecretParser
     )]
     pub webhook_secret: Option<WebhookSecret>,
 
@@ -157,6 +158,31 @@ fn parse_webhook_url(text: &str) -> Result<Url, String> {
         return Err("a webhook URL needs a host".into());
     }
     Ok(url)
+}
+
+/// Parses a webhook secret without ever echoing it (clap's own errors quote the bad value).
+#[derive(Clone, Copy, Debug)]
+struct SecretParser;
+
+impl clap::builder::TypedValueParser for SecretParser {
+    type Value = WebhookSecret;
+
+    fn parse_ref(
+        &self,
+        command: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<WebhookSecret, clap::Error> {
+        let refuse = |why: String| {
+            clap::Error::raw(
+                clap::error::ErrorKind::ValueValidation,
+                format!("invalid --webhook-secret (value not shown): {why}\n"),
+            )
+            .with_cmd(command)
+        };
+        let text = value.to_str().ok_or_else(|| refuse("not UTF-8".into()))?;
+        text.parse().map_err(refuse)
+    }
 }
 
 fn parse_positive_duration(text: &str) -> Result<Duration, String> {

@@ -32,8 +32,11 @@ pub struct WebhooksResponse {
 #[derive(Debug, Serialize)]
 struct WebhookView {
     url: String,
-    /// `active`, or `gone` after a 410 answer.
+    /// `active`; `paused` while the receiver fails (one probe at a time); `gone` after a 410.
     state: &'static str,
+    /// Until the next probe of a paused URL.
+    paused_for_ms: Option<u64>,
+    consecutive_failures: u32,
     delivered: u64,
     failed: u64,
     failed_attempts: u64,
@@ -69,7 +72,13 @@ impl From<EndpointStatus> for WebhookView {
     fn from(status: EndpointStatus) -> Self {
         Self {
             url: status.url,
-            state: if status.gone { "gone" } else { "active" },
+            state: match (status.gone, status.paused) {
+                (true, _) => "gone",
+                (false, true) => "paused",
+                (false, false) => "active",
+            },
+            paused_for_ms: status.paused_for_ms,
+            consecutive_failures: status.consecutive_failures,
             delivered: status.counters.delivered,
             failed: status.counters.failed,
             failed_attempts: status.counters.failed_attempts,

@@ -5,6 +5,14 @@
 //! woken by new events, by the earliest retry time, and by shutdown. The dispatcher only ever
 //! takes this endpoint's mutex for a few pushes, so a slow receiver slows nothing upstream.
 //!
+//! A receiver that is down is not hammered event by event: after [`PAUSE_AFTER`] receiver-wide
+//! failures in a row (connection errors, timeouts, 5xx, 429) the URL is *paused*: no attempt
+//! starts until the pause ends, then a single probe goes out; a success resumes full
+//! concurrency, a failure pauses again for the next step of the retry schedule (at most
+//! [`MAX_PAUSE`]). Events waiting out a pause spend none of their attempts, so an outage of
+//! hours loses nothing that fits in the queue. A `Retry-After` on 429/503 pauses the whole URL
+//! for that long. Failures specific to one event (other 4xx) never pause the URL.
+//!
 //! A 410 Gone answer marks the URL gone: nothing more is sent to it, what it held moves to the
 //! dead letters, and new events for it are counted as dropped, until an operator re-sends a dead
 //! letter to it (which re-enables it).
@@ -26,6 +34,11 @@ use super::dead_letters::{DeadLetters, NewLetter};
 use super::message::Message;
 use super::outbox::{Full, Job, Outbox, Pending};
 use super::signing::WebhookSecret;
+
+/// Receiver-wide failures in a row that pause a URL.
+pub const PAUSE_AFTER: u32 = 3;
+/// Longest pause between probes of a failing URL, whatever the retry schedule says.
+pub const MAX_PAUSE: Duration = Duration::from_secs(30);
 
 /// How much of a failed answer's body is kept in `last_error`.
 const ERROR_SNIPPET_CHARS: usize = 200;
@@ -72,6 +85,12 @@ pub struct LastError {
 pub struct EndpointStatus {
     pub url: String,
     pub gone: bool,
+    /// The receiver is failing: attempts go out one at a time, after each pause.
+    pub paused: bool,
+    /// Until a paused URL sends its next probe.
+    pub paused_for_ms: Option<u64>,
+    /// Receiver-wide failures since the last success.
+    pub consecutive_failures: u32,
     pub counters: Counters,
     pub pending: usize,
     pub in_flight: usize,
@@ -84,6 +103,7 @@ pub struct EndpointStatus {
 struct State {
     outbox: Outbox,
     gone: bool,
+    health: Health,
     /// Set while the outbox refuses events, so the warning is logged once per episode.
     overflowing: bool,
     counters: Counters,
@@ -102,6 +122,51 @@ pub struct Endpoint {
     wake: Notify,
 }
 
+/// Whether the receiver as a whole is failing (see the module documentation).
+#[derive(Debug, Default)]
+struct Health {
+    consecutive_failures: u32,
+    /// Pauses in a row, to step through the schedule.
+    pauses: u32,
+    paused_until: Option<Instant>,
+}
+
+impl Health {
+    /// At most this many attempts may be in flight now (`usize::MAX`: no limit of its own).
+    fn allowance(&self, now: Instant) -> usize {
+        match self.paused_until {
+            Some(until) if until > now => 0,
+            _ if self.consecutive_failures >= PAUSE_AFTER => 1,
+            _ => usize::MAX,
+        }
+    }
+
+    fn succeeded(&mut self) -> bool {
+        let was_failing = self.consecutive_failures >= PAUSE_AFTER;
+        *self = Self::default();
+        was_failing
+    }
+
+    /// Counts a receiver-wide failure; returns the pause it starts, if any.
+    fn failed(&mut self, schedule: &[Duration], now: Instant) -> Option<Duration> {
+        self.consecutive_failures += 1;
+        if self.consecutive_failures < PAUSE_AFTER {
+            return None;
+        }
+        self.pauses += 1;
+        let pause = backoff::delay(schedule, self.pauses, fastrand::f64()).min(MAX_PAUSE);
+        self.pause_until(now + pause);
+        Some(pause)
+    }
+
+    fn pause_until(&mut self, until: Instant) {
+        self.paused_until = Some(
+            self.paused_until
+                .map_or(until, |earlier| earlier.max(until)),
+        );
+    }
+}
+
 /// How one attempt ended.
 #[derive(Debug)]
 enum Outcome {
@@ -109,6 +174,8 @@ enum Outcome {
     Gone(String),
     Failed {
         error: String,
+        /// Connection errors, timeouts, 5xx and 429: the receiver, not this event, is failing.
+        receiver_wide: bool,
         retry_after: Option<Duration>,
     },
 }
@@ -122,6 +189,7 @@ impl Endpoint {
             state: Mutex::new(State {
                 outbox: Outbox::new(queue_max),
                 gone: false,
+                health: Health::default(),
                 overflowing: false,
                 counters: Counters::default(),
                 last_error: None,
@@ -177,6 +245,13 @@ impl Endpoint {
         EndpointStatus {
             url: self.shown_url.clone(),
             gone: state.gone,
+            paused_for_ms: state
+                .health
+                .paused_until
+                .filter(|until| *until > now)
+                .map(|until| until.duration_since(now).as_millis() as u64),
+            paused: state.health.consecutive_failures >= PAUSE_AFTER,
+            consecutive_failures: state.health.consecutive_failures,
             counters: state.counters,
             pending: state.outbox.len(),
             in_flight: state.outbox.in_flight(),
@@ -218,6 +293,7 @@ impl Endpoint {
                         Ok((id, outcome)) => (id, outcome),
                         Err(failed) => (failed.id(), Outcome::Failed {
                             error: format!("delivery task failed: {failed}"),
+                            receiver_wide: false,
                             retry_after: None,
                         }),
                     };
@@ -237,15 +313,24 @@ impl Endpoint {
         self.state.lock().outbox.len()
     }
 
-    /// Jobs to start (none while gone), the next retry time, and whether nothing is held.
+    /// Jobs to start (none while gone or paused), when to look again, and whether nothing is
+    /// held.
     fn next_jobs(&self, free: usize) -> (Vec<Job>, Option<Instant>, bool) {
+        let now = Instant::now();
         let mut state = self.state.lock();
-        let jobs = if state.gone {
+        let allowance = state
+            .health
+            .allowance(now)
+            .saturating_sub(state.outbox.in_flight());
+        let jobs = if state.gone || allowance == 0 {
             Vec::new()
         } else {
-            state.outbox.take_jobs(Instant::now(), free)
+            state.outbox.take_jobs(now, free.min(allowance))
         };
-        (jobs, state.outbox.next_retry_at(), state.outbox.is_empty())
+        // Nothing starts before a pause ends, so its end is the next time to look.
+        let paused_until = state.health.paused_until.filter(|until| *until > now);
+        let wake = paused_until.or(state.outbox.next_retry_at());
+        (jobs, wake, state.outbox.is_empty())
     }
 
     fn settle(&self, job: Job, outcome: Outcome, delivery: &Delivery) {
@@ -255,6 +340,9 @@ impl Endpoint {
         let mut state = self.state.lock();
         match outcome {
             Outcome::Delivered => {
+                if state.health.succeeded() {
+                    tracing::warn!(url = %self.shown_url, "webhook receiver answers again: deliveries resume");
+                }
                 state.outbox.delivered(key);
                 state.counters.delivered += 1;
                 state.last_delivered_at_ms = Some(now_ms);
@@ -278,8 +366,26 @@ impl Endpoint {
                         .map(|p| (p, "not attempted: 410 Gone".into())),
                 );
             }
-            Outcome::Failed { error, retry_after } => {
+            Outcome::Failed {
+                error,
+                receiver_wide,
+                retry_after,
+            } => {
                 self.note_failure(&mut state, &job, &error, now_ms);
+                let now = Instant::now();
+                if let Some(wait) = retry_after {
+                    state.health.pause_until(now + wait);
+                }
+                if receiver_wide {
+                    let was_paused = state.health.consecutive_failures >= PAUSE_AFTER;
+                    if let Some(pause) = state.health.failed(&delivery.retry_schedule, now) {
+                        if !was_paused {
+                            tracing::warn!(url = %self.shown_url, %error,
+                                pause = %humantime::format_duration(pause),
+                                "webhook receiver failing: deliveries to this URL paused; probing with one attempt at a time");
+                        }
+                    }
+                }
                 if state.gone || job.attempt >= delivery.max_attempts {
                     tracing::error!(url = %self.shown_url, event_id = %job.message.id, key = %key,
                         attempts = job.attempt, %error,
@@ -289,7 +395,7 @@ impl Endpoint {
                     let wait = retry_after.unwrap_or_else(|| {
                         backoff::delay(&delivery.retry_schedule, job.attempt, fastrand::f64())
                     });
-                    state.outbox.retry_at(key, Instant::now() + wait);
+                    state.outbox.retry_at(key, now + wait);
                 }
             }
         }
@@ -338,6 +444,7 @@ async fn attempt(delivery: Arc<Delivery>, url: Url, message: Arc<Message>) -> Ou
         Ok(response) => classify(response).await,
         Err(error) => Outcome::Failed {
             error: describe(&error, delivery.timeout),
+            receiver_wide: true,
             retry_after: None,
         },
     }
@@ -370,7 +477,11 @@ async fn classify(mut response: reqwest::Response) -> Outcome {
     if status == StatusCode::GONE {
         Outcome::Gone(error)
     } else {
-        Outcome::Failed { error, retry_after }
+        Outcome::Failed {
+            error,
+            receiver_wide: status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS,
+            retry_after,
+        }
     }
 }
 

@@ -223,8 +223,7 @@ impl Notifier {
 /// The client every attempt uses: no redirects, no proxy, a total timeout per attempt, one
 /// pooled keep-alive connection per attempt in flight.
 fn http_client(timeout: Duration, concurrency: usize) -> Result<reqwest::Client, reqwest::Error> {
-    // rustls needs a process-wide crypto provider; an error means one is already installed.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    install_tls_provider();
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy()
@@ -232,6 +231,13 @@ fn http_client(timeout: Duration, concurrency: usize) -> Result<reqwest::Client,
         .pool_max_idle_per_host(concurrency)
         .user_agent(concat!("ttlwheel/", env!("CARGO_PKG_VERSION")))
         .build()
+}
+
+/// Installs rustls's `ring` crypto provider for the process, once; every reqwest client needs
+/// it before it is built (we do not build reqwest's default provider, aws-lc-rs).
+pub fn install_tls_provider() {
+    // An error means a provider is already installed, which is all we need.
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 /// Moves events from the registry's bus into every outbox until asked to stop, then moves what

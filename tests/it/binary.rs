@@ -13,6 +13,10 @@ fn bad_flag_values_fail_fast_with_a_message() {
         &["--default-ttl", "abc"],
         &["--listen", "nowhere"],
         &["--log-format", "xml"],
+        &["--webhook-timeout", "0s"],
+        &["--webhook-concurrency", "0"],
+        &["--webhook-max-attempts", "0"],
+        &["--webhook-events", "expired,renewed"],
     ] {
         let output = Command::new(BINARY).args(args).output().expect("runs");
         assert!(!output.status.success(), "{args:?} accepted");
@@ -20,6 +24,31 @@ fn bad_flag_values_fail_fast_with_a_message() {
         assert!(
             stderr.contains("error: invalid value"),
             "{args:?}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn webhook_urls_and_secrets_are_checked_at_start_up() {
+    for (args, says) in [
+        (
+            &["--webhook-url", "ftp://hooks.example/x"][..],
+            "must be http or https",
+        ),
+        (&["--webhook-url", "hooks.example/x"], "not a URL"),
+        (&["--webhook-secret", "s3cret"], "starts with `whsec_`"),
+        (
+            &["--webhook-secret", "whsec_c2hvcnQ="],
+            "24 to 64 random bytes",
+        ),
+    ] {
+        let output = Command::new(BINARY).args(args).output().expect("runs");
+        assert!(!output.status.success(), "{args:?} accepted");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("c2hvcnQ"),
+            "the secret is echoed: {stderr}"
         );
     }
 }
@@ -35,6 +64,16 @@ fn help_documents_every_flag_and_its_environment_variable() {
         "--expired-retention",
         "--expired-max",
         "--log-format",
+        "--webhook-url",
+        "--webhook-secret",
+        "--webhook-events",
+        "--webhook-timeout",
+        "--webhook-concurrency",
+        "--webhook-max-attempts",
+        "--webhook-retry-schedule",
+        "--webhook-queue-max",
+        "--webhook-dead-letters-max",
+        "--webhook-drain-timeout",
     ] {
         assert!(help.contains(flag), "{flag} missing from --help");
     }
@@ -44,6 +83,12 @@ fn help_documents_every_flag_and_its_environment_variable() {
         "TTLWHEEL_DEFAULT_TTL",
         "TTLWHEEL_EXPIRED_RETENTION",
         "TTLWHEEL_LOG_FORMAT",
+        "TTLWHEEL_WEBHOOK_URL",
+        "TTLWHEEL_WEBHOOK_SECRET",
+        "TTLWHEEL_WEBHOOK_EVENTS",
+        "TTLWHEEL_WEBHOOK_TIMEOUT",
+        "TTLWHEEL_WEBHOOK_CONCURRENCY",
+        "TTLWHEEL_WEBHOOK_MAX_ATTEMPTS",
     ] {
         assert!(help.contains(env), "{env} missing from --help");
     }
@@ -72,6 +117,7 @@ fn the_binary_logs_where_it_listens_serves_and_exits_zero_on_sigterm() {
         .build()
         .unwrap();
     let health = runtime.block_on(async {
+        ttlwheel::notify::install_tls_provider();
         reqwest::get(format!("http://{address}/healthz"))
             .await
             .expect("served")

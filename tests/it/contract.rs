@@ -8,7 +8,9 @@ use reqwest::{Method, StatusCode};
 use serde_json::{json, Map, Value};
 use yaml_rust2::{Yaml, YamlLoader};
 
+use crate::receiver::{always, Receiver};
 use crate::server::TestServer;
+use ttlwheel::config::{Config, WebhookEvent};
 
 const METHODS: [&str; 5] = ["GET", "POST", "PUT", "DELETE", "PATCH"];
 
@@ -166,7 +168,7 @@ async fn every_route_answers_as_the_spec_says_for_every_method() {
     let documented = spec_routes(&spec);
     let server = TestServer::start().await;
     for (template, _) in ttlwheel::http::ROUTES {
-        let path = template.replace("{key}", "probe");
+        let path = template.replace("{key}", "probe").replace("{id}", "1");
         for method in METHODS {
             let (status, body) = server
                 .call(
@@ -300,4 +302,96 @@ async fn real_responses_validate_against_the_spec() {
         Vec::<String>::new()
     );
     assert_eq!(checker.n_checked, 27);
+}
+
+#[tokio::test]
+async fn webhook_routes_and_payloads_validate_against_the_spec() {
+    let receiver = Receiver::start(always(StatusCode::INTERNAL_SERVER_ERROR)).await;
+    let mut config = Config::defaults();
+    config.webhook_urls = vec![receiver.url()];
+    config.webhook_max_attempts = 1;
+    config.webhook_events = vec![WebhookEvent::Expired, WebhookEvent::Deleted];
+    let mut checker = Checker {
+        spec: spec(),
+        server: TestServer::with_config(config).await,
+        n_checked: 0,
+    };
+    let (get, post) = (Method::GET, Method::POST);
+    let (status, letters) = ("/v1/webhooks", "/v1/webhooks/dead-letters");
+    let retry = "/v1/webhooks/dead-letters/{id}/retry";
+    checker.check(get.clone(), status, status, None).await;
+    for key in ["w1", "w2"] {
+        checker
+            .server
+            .post("/v1/heartbeats", json!({"key": key, "ttl_ms": 20}))
+            .await;
+    }
+    checker
+        .server
+        .post("/v1/heartbeats", json!({"key": "w3", "meta": {"a": 1}}))
+        .await;
+    checker
+        .server
+        .call(Method::DELETE, "/v1/keys/w3", None)
+        .await;
+    receiver
+        .wait_until(std::time::Duration::from_secs(30), |r| r.len() >= 3)
+        .await;
+    for request in receiver.requests() {
+        let errors = validate(
+            &checker.spec,
+            "/components/schemas/WebhookPayload",
+            &request.json,
+        );
+        assert!(errors.is_empty(), "{}\n{errors:#?}", request.json);
+    }
+    // The last failure is filed just after the receiver answers.
+    for _ in 0..100 {
+        if checker.server.get(letters).await.1["count"] == 3 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let listed = checker.check(get.clone(), letters, letters, None).await;
+    assert_eq!(listed["count"], 3, "{listed}");
+    checker
+        .check(
+            get.clone(),
+            letters,
+            "/v1/webhooks/dead-letters?limit=1",
+            None,
+        )
+        .await;
+    checker
+        .check(
+            get.clone(),
+            letters,
+            "/v1/webhooks/dead-letters?limit=0",
+            None,
+        )
+        .await;
+    checker
+        .check(
+            get.clone(),
+            letters,
+            "/v1/webhooks/dead-letters?cursor=x",
+            None,
+        )
+        .await;
+    checker.check(get.clone(), status, status, None).await;
+    let first = format!(
+        "/v1/webhooks/dead-letters/{}/retry",
+        listed["dead_letters"][0]["id"]
+    );
+    checker.check(post.clone(), retry, &first, None).await;
+    checker.check(post.clone(), retry, &first, None).await;
+    checker
+        .check(
+            post.clone(),
+            retry,
+            "/v1/webhooks/dead-letters/zzz/retry",
+            None,
+        )
+        .await;
+    assert_eq!(checker.n_checked, 9);
 }

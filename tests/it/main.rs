@@ -6,8 +6,10 @@ mod concurrency;
 mod contract;
 mod engine;
 mod model;
+mod receiver;
 mod robustness;
 mod server;
+mod webhooks;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -28,6 +28,7 @@ impl TestServer {
         let task = tokio::spawn(ttlwheel::run(listener, config, async {
             let _ = stopped.await;
         }));
+        ttlwheel::notify::install_tls_provider();
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .build()

@@ -497,3 +497,53 @@ async fn shutdown_delivers_what_is_held_within_the_drain_timeout() {
         .expect("shutdown is bounded")
         .expect("clean shutdown");
 }
+
+/// The Python verifier shown in the README accepts a real delivery and refuses a tampered one,
+/// so the example cannot rot.
+#[tokio::test]
+async fn the_readme_python_verifier_accepts_a_real_delivery() {
+    let readme = include_str!("../../README.md");
+    let snippet = readme
+        .split("```python\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("a python block in the README");
+    let receiver = Receiver::start(always(StatusCode::OK)).await;
+    let server = TestServer::with_config(config_for(&receiver)).await;
+    heartbeat(&server, "verified", 20).await;
+    receiver
+        .wait_until(PATIENCE, |requests| !requests.is_empty())
+        .await;
+    let request = receiver.requests().remove(0);
+    let headers: serde_json::Map<String, Value> =
+        ["webhook-id", "webhook-timestamp", "webhook-signature"]
+            .iter()
+            .map(|name| {
+                (
+                    name.to_string(),
+                    json!(request.headers[*name].to_str().unwrap()),
+                )
+            })
+            .collect();
+    let dir = std::env::temp_dir().join(format!("ttlwheel-readme-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("body"), &request.body).unwrap();
+    std::fs::write(dir.join("headers.json"), Value::Object(headers).to_string()).unwrap();
+    let program = format!(
+        "{snippet}\nimport json, sys\nd = sys.argv[1]\nh = json.load(open(d + '/headers.json'))\n\
+         b = open(d + '/body', 'rb').read()\nprint(verify({SECRET:?}, h, b), verify({SECRET:?}, h, b + b' '))\n"
+    );
+    let output = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(program)
+        .arg(&dir)
+        .output()
+        .expect("python3 runs (it is on every CI machine; .ci/run checks)");
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "True False");
+}

@@ -1,6 +1,7 @@
-//! Expiry and deletion events, and their fan-out to subscribers.
+//! Registration, expiry and deletion events, and their fan-out to subscribers.
 //!
-//! The registry publishes one [`Event`] per expiry and per deletion, while it still holds the
+//! The registry publishes one [`Event`] per registration (a heartbeat that creates a key), per
+//! expiry and per deletion, while it still holds the
 //! lock of the key's shard, so the events of one key reach every subscriber in the order they
 //! happened. A shard publishes the events of one operation, or of one sweep chunk, as one batch:
 //! one allocation and one queue push per batch instead of per event, which was two thirds of
@@ -27,6 +28,8 @@ use crate::types::{Key, Meta, ServiceName};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EventKind {
+    /// A heartbeat created it (a renewal of an alive key is not an event).
+    Registered,
     /// Its deadline passed without a heartbeat.
     Expired,
     /// A client deleted it (`DELETE`, or an EXPIRE with a non-positive TTL or a past time).
@@ -55,6 +58,7 @@ impl EventKind {
     /// The event's `type` in webhook payloads (and live streams): `key.expired`, `key.deleted`.
     pub fn type_name(self) -> &'static str {
         match self {
+            Self::Registered => "key.registered",
             Self::Expired => "key.expired",
             Self::Deleted => "key.deleted",
         }
@@ -174,13 +178,18 @@ impl EventBus {
         if events.is_empty() {
             return;
         }
+        let subscribers = self.subscribers.read();
+        if subscribers.is_empty() {
+            return;
+        }
         let n_events = events.len();
         let batch = Arc::new(events);
         let mut saw_closed = false;
-        for subscriber in self.subscribers.read().iter() {
+        for subscriber in subscribers.iter() {
             subscriber.backlog.fetch_add(n_events, Ordering::Relaxed);
             saw_closed |= subscriber.sender.send(Arc::clone(&batch)).is_err();
         }
+        drop(subscribers);
         if saw_closed {
             self.subscribers
                 .write()

@@ -101,6 +101,7 @@ impl From<EndpointStatus> for WebhookView {
 
 fn event_name(kind: EventKind) -> &'static str {
     match kind {
+        EventKind::Registered => "registered",
         EventKind::Expired => "expired",
         EventKind::Deleted => "deleted",
     }

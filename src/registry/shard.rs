@@ -269,6 +269,9 @@ impl Shard {
             }
         };
         self.schedule(slot, Some(timer), deadline_ms);
+        if created {
+            self.registered(slot, ctx, now_ms);
+        }
         Renewal {
             created,
             service: self.slots.entry(slot).service,
@@ -498,6 +501,12 @@ impl Shard {
         slot
     }
 
+    /// Queues the `registered` event of the key just created in `slot`.
+    fn registered(&mut self, slot: SlotId, ctx: &Ctx<'_>, now_ms: u64) {
+        let event = event_of(EventKind::Registered, self.slots.entry(slot), ctx, now_ms);
+        self.pending_events.push(event);
+    }
+
     /// Removes the key in `slot` from every structure and publishes its event.
     fn remove(&mut self, slot: SlotId, kind: EventKind, ctx: &Ctx<'_>, now_ms: u64) {
         self.unschedule(slot);
@@ -511,23 +520,7 @@ impl Shard {
         if let Some(ordered) = &mut self.ordered {
             ordered.remove(&entry.key, entry.service);
         }
-        let event = Event {
-            kind,
-            key: entry.key.clone(),
-            service: ctx.services.name(entry.service),
-            meta: entry.meta.clone(),
-            ttl_ms: entry.ttl(),
-            registered_at_ms: ctx.clock.unix_ms(u64::from(entry.registered_s) * 1000),
-            last_heartbeat_at_ms: ctx.clock.unix_ms(entry.last_heartbeat_ms),
-            deadline_ms: entry
-                .deadline()
-                .map(|deadline_ms| ctx.clock.unix_ms(deadline_ms)),
-            occurred_at_ms: ctx.clock.unix_ms(now_ms),
-            lateness_ms: match kind {
-                EventKind::Expired => now_ms.saturating_sub(entry.deadline_ms),
-                EventKind::Deleted => 0,
-            },
-        };
+        let event = event_of(kind, &entry, ctx, now_ms);
         if kind == EventKind::Expired {
             let record = ExpiredRecord {
                 service: entry.service,
@@ -652,5 +645,26 @@ mod tests {
     #[test]
     fn an_entry_costs_72_bytes_including_the_inline_key() {
         assert_eq!(std::mem::size_of::<Option<Entry>>(), 72);
+    }
+}
+
+/// The event of `kind` for `entry`, times in Unix ms.
+fn event_of(kind: EventKind, entry: &Entry, ctx: &Ctx<'_>, now_ms: u64) -> Event {
+    Event {
+        kind,
+        key: entry.key.clone(),
+        service: ctx.services.name(entry.service),
+        meta: entry.meta.clone(),
+        ttl_ms: entry.ttl(),
+        registered_at_ms: ctx.clock.unix_ms(u64::from(entry.registered_s) * 1000),
+        last_heartbeat_at_ms: ctx.clock.unix_ms(entry.last_heartbeat_ms),
+        deadline_ms: entry
+            .deadline()
+            .map(|deadline_ms| ctx.clock.unix_ms(deadline_ms)),
+        occurred_at_ms: ctx.clock.unix_ms(now_ms),
+        lateness_ms: match kind {
+            EventKind::Expired => now_ms.saturating_sub(entry.deadline_ms),
+            EventKind::Registered | EventKind::Deleted => 0,
+        },
     }
 }

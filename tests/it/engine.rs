@@ -343,17 +343,27 @@ fn a_subscriber_that_does_not_read_never_stalls_heartbeats_and_loses_no_event() 
         harness.heartbeat(&format!("k{i}"), 1_000);
     }
     harness.advance(1_000); // all expire while `slow` reads nothing
-    assert_eq!(slow.backlog(), n, "every event is queued, none dropped");
+    assert_eq!(
+        slow.backlog(),
+        2 * n,
+        "every registration and expiry is queued, none dropped"
+    );
     // Heartbeats still go through at once with the backlog in place.
     for i in 0..n {
         assert!(harness.heartbeat(&format!("k{i}"), 1_000).created);
     }
     let mut seen = std::collections::HashSet::new();
+    let mut registrations = 0;
     while let Some(event) = slow.try_recv() {
+        if event.kind == EventKind::Registered {
+            registrations += 1;
+            continue;
+        }
         assert_eq!(event.kind, EventKind::Expired);
         assert!(seen.insert(event.key.to_string()), "one event per expiry");
     }
     assert_eq!(seen.len(), n);
+    assert_eq!(registrations, 2 * n, "each key registered twice");
 }
 
 #[test]

@@ -96,7 +96,15 @@ impl Harness {
     }
 
     /// Events published since the last call.
+    /// The expiry and deletion events published since the last call.
     pub fn drain(&mut self) -> Vec<Event> {
+        let mut events = self.drain_all();
+        events.retain(|event| event.kind != EventKind::Registered);
+        events
+    }
+
+    /// Every event published since the last call, registrations included.
+    pub fn drain_all(&mut self) -> Vec<Event> {
         std::iter::from_fn(|| self.events.try_recv()).collect()
     }
 

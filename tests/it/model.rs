@@ -162,6 +162,7 @@ fn run(ops: &[Op], mut harness: Harness) {
     for op in ops {
         let now = harness.now();
         let mut expect_deleted: Option<&'static str> = None;
+        let mut expect_registered: Option<&'static str> = None;
         match *op {
             Op::Heartbeat(k, ttl_ms) => {
                 let key = KEYS[k];
@@ -169,6 +170,9 @@ fn run(ops: &[Op], mut harness: Harness) {
                 model.set_deadline(key, ttl_ms);
                 let outcome = harness.heartbeat(key, ttl_ms);
                 assert_eq!(outcome.created, created, "{op:?}");
+                if created {
+                    expect_registered = Some(key);
+                }
                 assert_eq!(outcome.timer, TimerKind::for_ttl(ttl_ms, MAX_TTL_S));
             }
             Op::Expire(k, ttl_ms, condition) => {
@@ -255,7 +259,13 @@ fn run(ops: &[Op], mut harness: Harness) {
             }
         }
         model.settle();
-        check_events(&mut harness, &mut model, expect_deleted, op);
+        check_events(
+            &mut harness,
+            &mut model,
+            expect_deleted,
+            expect_registered,
+            op,
+        );
         check_live_set(&harness, &model);
     }
 }
@@ -265,10 +275,12 @@ fn check_events(
     harness: &mut Harness,
     model: &mut Model,
     expect_deleted: Option<&'static str>,
+    expect_registered: Option<&'static str>,
     op: &Op,
 ) {
     let mut deleted = Vec::new();
-    for event in harness.drain() {
+    let mut registered = Vec::new();
+    for event in harness.drain_all() {
         let key = KEYS
             .iter()
             .copied()
@@ -276,6 +288,7 @@ fn check_events(
             .expect("known key");
         match event.kind {
             EventKind::Deleted => deleted.push(key),
+            EventKind::Registered => registered.push(key),
             EventKind::Expired => {
                 let due = model
                     .due
@@ -294,6 +307,11 @@ fn check_events(
             }
         }
     }
+    assert_eq!(
+        registered,
+        expect_registered.into_iter().collect::<Vec<_>>(),
+        "{op:?}: registered events"
+    );
     assert_eq!(
         deleted,
         expect_deleted.into_iter().collect::<Vec<_>>(),

@@ -638,16 +638,6 @@ impl Shard {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_entry_costs_72_bytes_including_the_inline_key() {
-        assert_eq!(std::mem::size_of::<Option<Entry>>(), 72);
-    }
-}
-
 /// The event of `kind` for `entry`, times in Unix ms.
 fn event_of(kind: EventKind, entry: &Entry, ctx: &Ctx<'_>, now_ms: u64) -> Event {
     Event {
@@ -666,5 +656,15 @@ fn event_of(kind: EventKind, entry: &Entry, ctx: &Ctx<'_>, now_ms: u64) -> Event
             EventKind::Expired => now_ms.saturating_sub(entry.deadline_ms),
             EventKind::Registered | EventKind::Deleted => 0,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_costs_72_bytes_including_the_inline_key() {
+        assert_eq!(std::mem::size_of::<Option<Entry>>(), 72);
     }
 }

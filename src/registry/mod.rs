@@ -308,6 +308,14 @@ impl Registry {
         self.shards.iter().map(|shard| shard.0.lock().len()).sum()
     }
 
+    /// Alive keys by timer: `(wheel, heap)`; the others have no TTL.
+    pub fn timer_counts(&self) -> (usize, usize) {
+        self.shards.iter().fold((0, 0), |(wheel, heap), shard| {
+            let (shard_wheel, shard_heap) = shard.0.lock().timer_counts();
+            (wheel + shard_wheel, heap + shard_heap)
+        })
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

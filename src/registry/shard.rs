@@ -189,6 +189,8 @@ pub(super) struct Shard {
     /// removal or move, and dropped by the sweeper when their bucket comes due. Bounded by
     /// `stale_per_key` per key plus `stale_slack` (see `unschedule`).
     n_stale: usize,
+    /// Keys whose timer is the wheel (for metrics; the heap knows its own size).
+    n_wheel: usize,
     /// Stale elements allowed per key before renewals remove old elements eagerly.
     stale_per_key: usize,
     /// Stale elements this shard may hold regardless of its size.
@@ -212,6 +214,7 @@ impl Shard {
             heap: DeadlineHeap::new(),
             hasher,
             n_stale: 0,
+            n_wheel: 0,
             stale_per_key: ctx.config.stale_per_key,
             stale_slack: ctx.config.stale_slack,
             alive_by_service: Vec::new(),
@@ -223,6 +226,11 @@ impl Shard {
 
     pub fn len(&self) -> usize {
         self.index.len()
+    }
+
+    /// Keys on the wheel and on the heap (the rest have no TTL).
+    pub fn timer_counts(&self) -> (usize, usize) {
+        (self.n_wheel, self.heap.len())
     }
 
     /// Registers or renews `key` for `ttl_ms`. `service`: `None` keeps the stored one.
@@ -391,6 +399,7 @@ impl Shard {
                 // by this sweep, so clear the timer first: `unschedule` must not count it stale.
                 let deadline_ms = entry.deadline_ms;
                 self.slots.entry_mut(slot).timer = TimerRef::PERSISTENT;
+                self.n_wheel -= 1;
                 self.schedule(slot, Some(TimerKind::Wheel), deadline_ms);
             }
         }
@@ -558,6 +567,9 @@ impl Shard {
                 TimerRef::PERSISTENT
             }
         };
+        if matches!(next.get(), Timer::Wheel { .. }) {
+            self.n_wheel += 1;
+        }
         self.slots.entry_mut(slot).timer = next;
     }
 
@@ -570,7 +582,11 @@ impl Shard {
     /// A client that renews far more often than its TTL would pile up stale elements, so past
     /// `stale_per_key` per key the shard removes elements eagerly until the sweeper has caught up.
     fn unschedule(&mut self, slot: SlotId) {
-        match self.slots.entry(slot).timer.get() {
+        let timer = self.slots.entry(slot).timer.get();
+        if matches!(timer, Timer::Wheel { .. }) {
+            self.n_wheel -= 1;
+        }
+        match timer {
             Timer::Wheel { tick, pos } if self.wheel.holds(tick) && self.too_many_stale() => {
                 if let Some((moved, from)) = self.wheel.remove(tick, pos) {
                     let moved_timer = &mut self.slots.entry_mut(moved).timer;

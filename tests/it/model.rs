@@ -71,6 +71,8 @@ struct ModelKey {
 #[derive(Clone, Copy, Debug)]
 struct Due {
     deadline_ms: u64,
+    /// Due keys stay in their timer until expired.
+    timer: TimerKind,
     /// The sweep at or after this time must have expired it.
     swept_by_ms: u64,
 }
@@ -104,6 +106,7 @@ impl Model {
                 key,
                 Due {
                     deadline_ms,
+                    timer: entry.timer.expect("due keys have timers"),
                     swept_by_ms,
                 },
             );
@@ -352,6 +355,21 @@ fn check_live_set(harness: &Harness, model: &Model) {
         );
         assert_eq!(view.timer, entry.timer, "{key}");
     }
+    // Due keys not yet expired still sit in their timer.
+    let on = |kind| {
+        let alive = model
+            .alive
+            .values()
+            .filter(|entry| entry.timer == Some(kind));
+        let due = model.due.values().filter(|due| due.timer == kind);
+        alive.count() + due.count()
+    };
+    assert_eq!(
+        harness.registry.timer_counts(),
+        (on(TimerKind::Wheel), on(TimerKind::Heap)),
+        "keys per timer at {} ms",
+        model.now_ms
+    );
 }
 
 proptest! {

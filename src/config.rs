@@ -124,6 +124,13 @@ pub struct Config {
           value_parser = humantime::parse_duration)]
     pub webhook_drain_timeout: Duration,
 
+    /// Events kept for the live stream (`GET /v1/events`): a client resuming with
+    /// `Last-Event-ID` gets what it missed if it is still in this ring, else a `reset` event; a
+    /// client that falls this far behind is dropped.
+    #[arg(long, env = "TTLWHEEL_EVENTS_RING", default_value_t = crate::stream::DEFAULT_RING,
+          value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub events_ring: u64,
+
     /// Log format.
     #[arg(long, env = "TTLWHEEL_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,

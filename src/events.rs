@@ -55,6 +55,15 @@ pub struct Event {
 }
 
 impl EventKind {
+    /// The event's name in the live stream: `registered`, `expired`, `deleted`.
+    pub fn stream_name(self) -> &'static str {
+        match self {
+            Self::Registered => "registered",
+            Self::Expired => "expired",
+            Self::Deleted => "deleted",
+        }
+    }
+
     /// The event's `type` in webhook payloads (and live streams): `key.expired`, `key.deleted`.
     pub fn type_name(self) -> &'static str {
         match self {

@@ -11,6 +11,8 @@
 //! - [`ticker`]: the task that owns time and sweeps what is due.
 //! - [`events`]: expiry and deletion events and their fan-out.
 //! - [`notify`]: webhook delivery of those events: signed, retried, bounded.
+//! - [`stream`]: the ring of recent events behind the live stream (`GET /v1/events`).
+//! - [`metrics`]: Prometheus metrics (`GET /metrics`).
 //! - [`clock`]: monotonic epoch milliseconds and their display as wall time.
 //!
 //! See `ARCHITECTURE.md` for the map and the invariants.
@@ -20,8 +22,10 @@ pub mod config;
 pub mod events;
 pub mod expiry;
 pub mod http;
+pub mod metrics;
 pub mod notify;
 pub mod registry;
+pub mod stream;
 pub mod ticker;
 pub mod types;
 
@@ -32,8 +36,10 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 
 use config::Config;
+use metrics::Metrics;
 use notify::Notifier;
 use registry::{Registry, RegistryConfig};
+use stream::EventHub;
 use types::Ttl;
 
 /// The registry settings that `config` implies.
@@ -59,23 +65,48 @@ pub async fn run(
         .map_err(|invalid| std::io::Error::new(std::io::ErrorKind::InvalidInput, invalid))?;
     let notifier = Notifier::start(config.webhook_settings(), &registry)
         .map_err(|error| std::io::Error::other(error.to_string()))?;
-    let (stop_ticker, ticker_stopped) = tokio::sync::oneshot::channel::<()>();
-    let ticker = tokio::spawn(ticker::run(Arc::clone(&registry), async {
-        // An error means the sender is gone, which also means: stop.
-        let _ = ticker_stopped.await;
+    let hub = Arc::new(EventHub::new(config.events_ring as usize));
+    let metrics = Arc::new(Metrics::new(metrics::Live {
+        registry: Arc::clone(&registry),
+        notifier: Arc::clone(&notifier),
+        hub: Arc::clone(&hub),
     }));
+    let observer = tokio::spawn(stream::feed(registry.subscribe(), Arc::clone(&hub), {
+        let metrics = Arc::clone(&metrics);
+        move |event| metrics.observe(event)
+    }));
+    let (stop_ticker, ticker_stopped) = tokio::sync::oneshot::channel::<()>();
+    let ticker = tokio::spawn(ticker::run_timed(
+        Arc::clone(&registry),
+        {
+            let metrics = Arc::clone(&metrics);
+            move |took| metrics.observe_sweep(took)
+        },
+        async {
+            // An error means the sender is gone, which also means: stop.
+            let _ = ticker_stopped.await;
+        },
+    ));
     let app = http::app(http::AppState {
         registry,
         default_ttl,
         notifier: Arc::clone(&notifier),
+        hub: Arc::clone(&hub),
+        metrics,
     });
+    let closing_hub = Arc::clone(&hub);
     let served = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            // Event streams never end on their own; end them so in-flight requests can finish.
+            closing_hub.close();
+        })
         .await;
     let _ = stop_ticker.send(());
     if let Err(panicked) = ticker.await {
         tracing::error!(%panicked, "the ticker task failed");
     }
     notifier.shutdown().await;
+    observer.abort();
     served
 }

@@ -18,6 +18,15 @@ pub const SWEEP_BUDGET: usize = 16 * 1024;
 
 /// Runs until `shutdown` resolves, then returns after at most the current sweep step.
 pub async fn run(registry: Arc<Registry>, shutdown: impl Future<Output = ()>) {
+    run_timed(registry, |_| {}, shutdown).await;
+}
+
+/// [`run`], reporting how long each sweep step took (for the metrics).
+pub async fn run_timed(
+    registry: Arc<Registry>,
+    on_step: impl Fn(std::time::Duration),
+    shutdown: impl Future<Output = ()>,
+) {
     tokio::pin!(shutdown);
     loop {
         let wake_at = registry.next_sweep_at();
@@ -26,13 +35,23 @@ pub async fn run(registry: Arc<Registry>, shutdown: impl Future<Output = ()>) {
             () = sleep_until(wake_at) => {}
             () = registry.earlier_deadline() => {}
         }
-        sweep_due(&registry).await;
+        sweep_due_timed(&registry, &on_step).await;
     }
 }
 
 /// Sweeps everything due now, in budgeted steps.
 pub async fn sweep_due(registry: &Registry) {
-    while registry.sweep(Instant::now(), SWEEP_BUDGET).more {
+    sweep_due_timed(registry, &|_| {}).await;
+}
+
+async fn sweep_due_timed(registry: &Registry, on_step: &impl Fn(std::time::Duration)) {
+    loop {
+        let started = std::time::Instant::now();
+        let more = registry.sweep(Instant::now(), SWEEP_BUDGET).more;
+        on_step(started.elapsed());
+        if !more {
+            return;
+        }
         tokio::task::yield_now().await;
     }
 }

@@ -123,6 +123,7 @@ fn apply(
     };
     let key = heartbeat.key.clone();
     let outcome: HeartbeatOutcome = state.registry.heartbeat(heartbeat, now)?;
+    state.metrics.heartbeats.inc();
     Ok(HeartbeatResponse {
         key,
         service: outcome.service.map(|name| name.as_str().to_owned()),

@@ -4,11 +4,14 @@
 //! resource has its own file; every error is an [`error::ApiError`]. Handlers never hold a
 //! registry lock across an `.await`: each registry call is synchronous and short.
 
+pub mod dashboard;
 pub mod error;
+pub mod events;
 pub mod extract;
 pub mod health;
 pub mod heartbeats;
 pub mod keys;
+pub mod observe;
 pub mod services;
 pub mod webhooks;
 
@@ -18,8 +21,10 @@ use axum::routing::{get, post};
 use axum::Router;
 
 pub use crate::clock::rfc3339;
+use crate::metrics::Metrics;
 use crate::notify::Notifier;
 use crate::registry::Registry;
+use crate::stream::EventHub;
 use crate::types::Ttl;
 use error::ApiError;
 
@@ -31,6 +36,9 @@ pub struct AppState {
     pub default_ttl: Ttl,
     /// Webhook delivery, for its status and dead letters.
     pub notifier: Arc<Notifier>,
+    /// Recent events, for the live stream.
+    pub hub: Arc<EventHub>,
+    pub metrics: Arc<Metrics>,
 }
 
 /// Every route the API serves, as `(path, methods)`: the router is built from the same paths,
@@ -47,6 +55,9 @@ pub const ROUTES: &[(&str, &[&str])] = &[
     ("/v1/webhooks/dead-letters/{id}/retry", &["POST"]),
     ("/healthz", &["GET"]),
     ("/openapi.yaml", &["GET"]),
+    ("/v1/events", &["GET"]),
+    ("/metrics", &["GET"]),
+    ("/", &["GET"]),
 ];
 
 /// The API router.
@@ -68,7 +79,14 @@ pub fn app(state: AppState) -> Router {
         .route(ROUTES[8].0, post(webhooks::dead_letter_retry))
         .route(ROUTES[9].0, get(health::healthz))
         .route(ROUTES[10].0, get(health::openapi_yaml))
+        .route(ROUTES[11].0, get(events::events_stream))
+        .route(ROUTES[12].0, get(observe::metrics_text))
+        .route(ROUTES[13].0, get(dashboard::dashboard))
         .fallback(|| async { ApiError::RouteNotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            observe::record,
+        ))
         .with_state(state)
 }

@@ -11,7 +11,6 @@ use super::error::ApiError;
 use super::extract::QueryParams;
 use super::keys::{DEFAULT_PAGE, MAX_PAGE};
 use super::{rfc3339, AppState};
-use crate::events::EventKind;
 use crate::notify::dead_letters::DeadLetter;
 use crate::notify::endpoint::EndpointStatus;
 use crate::notify::{Notifier, RetryError};
@@ -99,14 +98,6 @@ impl From<EndpointStatus> for WebhookView {
     }
 }
 
-fn event_name(kind: EventKind) -> &'static str {
-    match kind {
-        EventKind::Registered => "registered",
-        EventKind::Expired => "expired",
-        EventKind::Deleted => "deleted",
-    }
-}
-
 /// `GET /v1/webhooks`
 pub async fn webhooks_status(State(state): State<AppState>) -> Json<WebhooksResponse> {
     let notifier = &state.notifier;
@@ -121,7 +112,7 @@ pub async fn webhooks_status(State(state): State<AppState>) -> Json<WebhooksResp
         events: settings
             .events
             .iter()
-            .map(|&kind| event_name(kind))
+            .map(|&kind| kind.stream_name())
             .collect(),
         signed: settings.secret.is_some(),
         timeout_ms: settings.timeout.as_millis() as u64,

@@ -9,6 +9,7 @@ mod model;
 mod receiver;
 mod robustness;
 mod server;
+mod stream;
 mod webhooks;
 
 use std::sync::Arc;

@@ -2,6 +2,7 @@
 
 mod api;
 mod binary;
+mod browser;
 mod concurrency;
 mod contract;
 mod engine;

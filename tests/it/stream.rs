@@ -245,11 +245,11 @@ async fn a_client_that_falls_behind_the_ring_is_dropped_and_counted() {
 }
 
 /// One sample: name, labels, value.
-type Sample = (String, std::collections::HashMap<String, String>, f64);
+pub type Sample = (String, std::collections::HashMap<String, String>, f64);
 
 /// `GET /metrics`, parsed by the Prometheus project's OpenMetrics parser (Python
 /// `prometheus_client`, strict: a malformed exposition fails the test).
-async fn metrics_of(server: &TestServer) -> Vec<Sample> {
+pub async fn metrics_of(server: &TestServer) -> Vec<Sample> {
     let response = server
         .client
         .get(server.url("/metrics"))
@@ -290,7 +290,7 @@ fn fastrand_suffix() -> u64 {
 }
 
 /// The value of the sample `name` whose labels include `labels`.
-fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+pub fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
     samples
         .iter()
         .find(|(sample, have, _)| {

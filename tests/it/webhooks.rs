@@ -164,6 +164,24 @@ async fn a_failing_receiver_gets_retries_with_the_same_id_until_it_recovers() {
         "{status}"
     );
     assert_eq!(last_error["event_id"], requests[0].id());
+
+    let metrics = crate::stream::metrics_of(&server).await;
+    let url = receiver.url().to_string();
+    let value = |name: &str, labels: &[(&str, &str)]| crate::stream::value(&metrics, name, labels);
+    let delivered = [("url", url.as_str()), ("outcome", "delivered")];
+    assert_eq!(value("ttlwheel_webhook_deliveries_total", &delivered), 1.0);
+    let failed = [("url", url.as_str()), ("outcome", "failed")];
+    assert_eq!(value("ttlwheel_webhook_deliveries_total", &failed), 0.0);
+    let by_url = [("url", url.as_str())];
+    assert_eq!(
+        value("ttlwheel_webhook_failed_attempts_total", &by_url),
+        2.0
+    );
+    assert_eq!(value("ttlwheel_webhook_queue_depth", &by_url), 0.0);
+    assert_eq!(
+        value("ttlwheel_webhook_oldest_pending_seconds", &by_url),
+        0.0
+    );
 }
 
 #[tokio::test]

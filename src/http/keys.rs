@@ -21,6 +21,17 @@ pub const DEFAULT_PAGE: usize = 100;
 /// Largest page.
 pub const MAX_PAGE: usize = 1000;
 
+/// A page size from the `limit` parameter: `DEFAULT_PAGE` when absent, else 1..=`MAX_PAGE`.
+pub fn page_limit(limit: Option<usize>) -> Result<usize, ApiError> {
+    let limit = limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::InvalidQuery(format!(
+            "limit must be between 1 and {MAX_PAGE}"
+        )));
+    }
+    Ok(limit)
+}
+
 #[derive(Debug, Default, Deserialize, PartialEq, Eq, Clone, Copy)]
 #[serde(rename_all = "snake_case")]
 enum ListState {
@@ -110,12 +121,7 @@ pub async fn keys_list(
     State(state): State<AppState>,
     QueryParams(params): QueryParams<ListParams>,
 ) -> Result<Json<ListResponse>, ApiError> {
-    let limit = params.limit.unwrap_or(DEFAULT_PAGE);
-    if !(1..=MAX_PAGE).contains(&limit) {
-        return Err(ApiError::InvalidQuery(format!(
-            "limit must be between 1 and {MAX_PAGE}"
-        )));
-    }
+    let limit = page_limit(params.limit)?;
     let service = match params.service.as_deref() {
         None => None,
         Some(raw) => match state.registry.service_id(&ServiceName::new(raw)?) {

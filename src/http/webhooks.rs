@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::error::ApiError;
 use super::extract::QueryParams;
-use super::keys::{DEFAULT_PAGE, MAX_PAGE};
+use super::keys::page_limit;
 use super::{rfc3339, AppState};
 use crate::notify::dead_letters::DeadLetter;
 use crate::notify::endpoint::EndpointStatus;
@@ -181,12 +181,7 @@ pub async fn dead_letters_list(
     State(state): State<AppState>,
     QueryParams(params): QueryParams<DeadLetterParams>,
 ) -> Result<Json<DeadLettersResponse>, ApiError> {
-    let limit = params.limit.unwrap_or(DEFAULT_PAGE);
-    if !(1..=MAX_PAGE).contains(&limit) {
-        return Err(ApiError::InvalidQuery(format!(
-            "limit must be between 1 and {MAX_PAGE}"
-        )));
-    }
+    let limit = page_limit(params.limit)?;
     let notifier = &state.notifier;
     let page = notifier.dead_letters().page(params.cursor, limit);
     Ok(Json(DeadLettersResponse {

@@ -33,15 +33,15 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 /// Labels of an HTTP request.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
-    pub route: String,
-    pub method: String,
+    pub route: &'static str,
+    pub method: &'static str,
     pub status: u16,
 }
 
 /// Labels of an HTTP route.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteLabels {
-    pub route: String,
+    pub route: &'static str,
 }
 
 fn latency_histogram() -> Histogram {
@@ -150,18 +150,22 @@ impl Metrics {
         self.sweep_duration.observe(took.as_secs_f64());
     }
 
-    pub fn observe_request(&self, route: &str, method: &str, status: u16, took: Duration) {
+    pub fn observe_request(
+        &self,
+        route: &'static str,
+        method: &'static str,
+        status: u16,
+        took: Duration,
+    ) {
         self.http_requests
             .get_or_create(&RequestLabels {
-                route: route.to_owned(),
-                method: method.to_owned(),
+                route,
+                method,
                 status,
             })
             .inc();
         self.http_duration
-            .get_or_create(&RouteLabels {
-                route: route.to_owned(),
-            })
+            .get_or_create(&RouteLabels { route })
             .observe(took.as_secs_f64());
     }
 

@@ -70,10 +70,6 @@ impl EventHub {
         }
     }
 
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
     /// Appends events, dropping the oldest past the capacity, and wakes the readers.
     pub fn push(&self, events: impl IntoIterator<Item = Event>) {
         let latest = {

@@ -1,13 +1,14 @@
 //! `POST /v1/heartbeats` and `POST /v1/heartbeats/batch`: register or renew keys.
 
 use axum::extract::State;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use tokio::time::Instant;
 
 use super::error::ApiError;
-use super::extract::{parse_json, JsonBytes, BATCH_BODY_LIMIT, BODY_LIMIT};
+use super::extract::{parse_json, JsonBytes, QueryParams, BATCH_BODY_LIMIT, BODY_LIMIT};
 use super::{rfc3339, AppState};
 use crate::expiry::TimerKind;
 use crate::registry::{Heartbeat, HeartbeatOutcome};
@@ -46,7 +47,8 @@ pub async fn heartbeats_post(
     JsonBytes(body): JsonBytes<BODY_LIMIT>,
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
     let body: HeartbeatBody<'_> = parse_json(&body)?;
-    Ok(Json(apply(&state, body, Instant::now())?))
+    let (key, outcome) = apply(&state, body, Instant::now())?;
+    Ok(Json(respond(key, outcome)))
 }
 
 #[derive(Debug, Deserialize)]
@@ -69,10 +71,42 @@ pub struct BatchResponse {
     results: Vec<BatchItem>,
 }
 
+/// `?results=`: every item's answer (`all`, the default), or only the failures (`errors`),
+/// which spares building and sending an answer per accepted heartbeat.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchQuery {
+    #[serde(default)]
+    results: ResultsMode,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum ResultsMode {
+    #[default]
+    All,
+    Errors,
+}
+
+/// The answer to `?results=errors`: counts, and each failed item by its position.
+#[derive(Debug, Serialize)]
+pub struct BatchErrorsResponse {
+    accepted: usize,
+    failed: usize,
+    errors: Vec<BatchError>,
+}
+
+#[derive(Debug, Serialize)]
+struct BatchError {
+    index: usize,
+    error: serde_json::Value,
+}
+
 pub async fn heartbeats_batch(
     State(state): State<AppState>,
+    QueryParams(query): QueryParams<BatchQuery>,
     JsonBytes(body): JsonBytes<BATCH_BODY_LIMIT>,
-) -> Result<Json<BatchResponse>, ApiError> {
+) -> Result<Response, ApiError> {
     let batch: BatchBody<'_> = parse_json(body.as_ref())?;
     if batch.heartbeats.len() > MAX_BATCH {
         return Err(ApiError::BatchTooLarge {
@@ -81,27 +115,47 @@ pub async fn heartbeats_batch(
         });
     }
     let now = Instant::now();
-    let results = batch
-        .heartbeats
-        .into_iter()
-        .map(|item| {
-            let outcome = parse_json::<HeartbeatBody<'_>>(item.get().as_bytes())
-                .and_then(|body| apply(&state, body, now));
-            match outcome {
-                Ok(response) => BatchItem::Ok(response),
-                Err(error) => BatchItem::Err(error.body()),
+    let outcomes = batch.heartbeats.into_iter().map(|item| {
+        parse_json::<HeartbeatBody<'_>>(item.get().as_bytes())
+            .and_then(|body| apply(&state, body, now))
+    });
+    Ok(match query.results {
+        ResultsMode::All => {
+            let results = outcomes
+                .map(|outcome| match outcome {
+                    Ok((key, outcome)) => BatchItem::Ok(respond(key, outcome)),
+                    Err(error) => BatchItem::Err(error.body()),
+                })
+                .collect();
+            Json(BatchResponse { results }).into_response()
+        }
+        ResultsMode::Errors => {
+            let mut answer = BatchErrorsResponse {
+                accepted: 0,
+                failed: 0,
+                errors: Vec::new(),
+            };
+            for (index, outcome) in outcomes.enumerate() {
+                match outcome {
+                    Ok(_) => answer.accepted += 1,
+                    Err(error) => answer.errors.push(BatchError {
+                        index,
+                        error: error.body()["error"].take(),
+                    }),
+                }
             }
-        })
-        .collect();
-    Ok(Json(BatchResponse { results }))
+            answer.failed = answer.errors.len();
+            Json(answer).into_response()
+        }
+    })
 }
 
-/// Validates one heartbeat and hands it to the registry.
+/// Validates one heartbeat and hands it to the registry; returns the key and what happened.
 fn apply(
     state: &AppState,
     body: HeartbeatBody<'_>,
     now: Instant,
-) -> Result<HeartbeatResponse, ApiError> {
+) -> Result<(Key, HeartbeatOutcome), ApiError> {
     let key = Key::new(&body.key)?;
     let ttl = match (body.ttl_s, body.ttl_ms) {
         (Some(_), Some(_)) => {
@@ -122,9 +176,14 @@ fn apply(
         meta,
     };
     let key = heartbeat.key.clone();
-    let outcome: HeartbeatOutcome = state.registry.heartbeat(heartbeat, now)?;
+    let outcome = state.registry.heartbeat(heartbeat, now)?;
     state.metrics.heartbeats.inc();
-    Ok(HeartbeatResponse {
+    Ok((key, outcome))
+}
+
+/// The answer to one accepted heartbeat.
+fn respond(key: Key, outcome: HeartbeatOutcome) -> HeartbeatResponse {
+    HeartbeatResponse {
         key,
         service: outcome.service.map(|name| name.as_str().to_owned()),
         created: outcome.created,
@@ -132,7 +191,7 @@ fn apply(
         expires_in_ms: outcome.expires_in_ms,
         expires_at: rfc3339(outcome.expires_at_ms),
         timer: outcome.timer,
-    })
+    }
 }
 
 /// A TTL field: a non-negative integer (range is checked by `Ttl`).

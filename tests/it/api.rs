@@ -374,6 +374,43 @@ async fn a_batch_applies_good_items_and_reports_bad_ones_in_order() {
     assert_eq!(code(&results[4]), "invalid_json");
     assert_eq!(server.get("/v1/keys/b1").await.0, StatusCode::OK);
 
+    let compact = json!({"heartbeats": [
+        {"key": "b4"},
+        {"key": "b5", "ttl_s": 0},
+        {"key": "b6", "ttl_ms": 1500},
+        7,
+    ]});
+    let (status, body) = server
+        .post("/v1/heartbeats/batch?results=errors", compact)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        (body["accepted"].as_u64(), body["failed"].as_u64()),
+        (Some(2), Some(2))
+    );
+    let errors = body["errors"].as_array().unwrap();
+    assert_eq!(
+        errors
+            .iter()
+            .map(|e| (
+                e["index"].as_u64().unwrap(),
+                e["error"]["code"].as_str().unwrap()
+            ))
+            .collect::<Vec<_>>(),
+        vec![(1, "invalid_ttl"), (3, "invalid_json")]
+    );
+    assert_eq!(server.get("/v1/keys/b6").await.0, StatusCode::OK);
+    let (status, body) = server
+        .post(
+            "/v1/heartbeats/batch?results=every",
+            json!({"heartbeats": []}),
+        )
+        .await;
+    assert_eq!(
+        (status, code(&body)),
+        (StatusCode::BAD_REQUEST, "invalid_query")
+    );
+
     let too_many: Vec<Value> = (0..1001).map(|i| json!({"key": format!("k{i}")})).collect();
     let (status, body) = server
         .post("/v1/heartbeats/batch", json!({"heartbeats": too_many}))

@@ -241,6 +241,18 @@ async fn real_responses_validate_against_the_spec() {
                 json!({"heartbeats": [{"key": "c/3"}, {"key": "bad\u{1}"}, {"key": "c/4", "ttl_s": 5, "service": "svc"}]}),
             ),
         ),
+        (
+            post.clone(),
+            batch,
+            "/v1/heartbeats/batch?results=errors",
+            Some(json!({"heartbeats": [{"key": "c/5"}, {"key": ""}]})),
+        ),
+        (
+            post.clone(),
+            batch,
+            "/v1/heartbeats/batch?results=some",
+            Some(json!({"heartbeats": []})),
+        ),
         (post.clone(), batch, batch, Some(json!({"heartbeats": 5}))),
         (get.clone(), keys, "/v1/keys?limit=2", None),
         (get.clone(), keys, "/v1/keys?service=svc", None),
@@ -308,7 +320,7 @@ async fn real_responses_validate_against_the_spec() {
         validate(&checker.spec, &pointer, &body),
         Vec::<String>::new()
     );
-    assert_eq!(checker.n_checked, 27);
+    assert_eq!(checker.n_checked, 29);
 }
 
 #[tokio::test]

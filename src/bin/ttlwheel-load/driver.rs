@@ -1,0 +1,162 @@
+//! Closed-loop load: `connections` keep-alive connections, each sending its next request as soon
+//! as the previous response is read (as `wrk` and `redis-benchmark` do).
+//!
+//! Time is split into phases that the caller moves through (`Phases::set`): every request is
+//! counted and timed in the phase it started in, so one run yields e.g. "before the storm" and
+//! "during the storm" separately. Phase [`STOP`] ends the run.
+
+use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::stats::Durations;
+use crate::wire::{Conn, Response};
+
+pub const STOP: usize = usize::MAX;
+
+/// What one connection sends and how it judges the answer.
+pub trait Workload: Send + Sync + 'static {
+    /// Writes the next request into `out` (cleared); returns how many items it carries.
+    fn request(&self, rng: &mut fastrand::Rng, out: &mut Vec<u8>) -> u64;
+    /// How many of the request's `items` failed, given a response.
+    fn failed(&self, response: &Response<'_>, items: u64) -> u64;
+}
+
+/// The phase every connection reads before each request.
+#[derive(Default)]
+pub struct Phases(AtomicUsize);
+
+impl Phases {
+    pub fn set(&self, phase: usize) {
+        self.0.store(phase, Ordering::Relaxed);
+    }
+    fn get(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// What happened in one phase.
+#[derive(Clone, Default)]
+pub struct PhaseStats {
+    pub requests: u64,
+    pub items: u64,
+    pub failed_items: u64,
+    /// Requests that got no response (connection errors) or a non-2xx status.
+    pub errors: u64,
+    pub latencies: Durations,
+}
+
+impl PhaseStats {
+    fn merge(&mut self, other: &Self) {
+        self.requests += other.requests;
+        self.items += other.items;
+        self.failed_items += other.failed_items;
+        self.errors += other.errors;
+        self.latencies.merge(&other.latencies);
+    }
+}
+
+/// A running load.
+pub struct Load {
+    tasks: Vec<JoinHandle<Vec<PhaseStats>>>,
+}
+
+impl Load {
+    /// Starts `connections` connections to `address`, counting into `n_phases` phases.
+    pub fn start(
+        address: &str,
+        connections: usize,
+        n_phases: usize,
+        phases: Arc<Phases>,
+        workload: Arc<dyn Workload>,
+        seed: u64,
+    ) -> Self {
+        let tasks = (0..connections)
+            .map(|index| {
+                let address = address.to_owned();
+                let phases = Arc::clone(&phases);
+                let workload = Arc::clone(&workload);
+                let rng = fastrand::Rng::with_seed(seed.wrapping_add(index as u64));
+                tokio::spawn(connection(address, n_phases, phases, workload, rng))
+            })
+            .collect();
+        Self { tasks }
+    }
+
+    /// Waits for every connection to see [`STOP`] and sums their counts per phase.
+    pub async fn finish(self) -> Vec<PhaseStats> {
+        let mut total: Vec<PhaseStats> = Vec::new();
+        for task in self.tasks {
+            let stats = task.await.expect("a load connection panicked");
+            total.resize(stats.len(), PhaseStats::default());
+            for (sum, one) in total.iter_mut().zip(&stats) {
+                sum.merge(one);
+            }
+        }
+        total
+    }
+}
+
+async fn connection(
+    address: String,
+    n_phases: usize,
+    phases: Arc<Phases>,
+    workload: Arc<dyn Workload>,
+    mut rng: fastrand::Rng,
+) -> Vec<PhaseStats> {
+    let mut stats = vec![PhaseStats::default(); n_phases];
+    let mut request = Vec::with_capacity(64 * 1024);
+    let mut conn = None;
+    loop {
+        let phase = phases.get();
+        if phase == STOP {
+            return stats;
+        }
+        let phase_stats = &mut stats[phase.min(n_phases - 1)];
+        let Some(open) = connected(&mut conn, &address).await else {
+            phase_stats.errors += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        request.clear();
+        let items = workload.request(&mut rng, &mut request);
+        let started = Instant::now();
+        match open.exchange(&request).await {
+            Ok(response) => {
+                phase_stats.latencies.record(started.elapsed());
+                phase_stats.requests += 1;
+                phase_stats.items += items;
+                if (200..300).contains(&response.status) {
+                    phase_stats.failed_items += workload.failed(&response, items);
+                } else {
+                    phase_stats.errors += 1;
+                    phase_stats.failed_items += items;
+                }
+            }
+            Err(_) => {
+                phase_stats.errors += 1;
+                phase_stats.failed_items += items;
+                conn = None;
+            }
+        }
+    }
+}
+
+/// The open connection, opening it first if needed.
+async fn connected<'a>(conn: &'a mut Option<Conn>, address: &str) -> Option<&'a mut Conn> {
+    if conn.is_none() {
+        *conn = Conn::connect(address).await.ok();
+    }
+    conn.as_mut()
+}
+
+/// Sends one request on a fresh connection and returns `(status, body)`: for set-up steps.
+pub async fn one_request(address: &str, request: &[u8]) -> io::Result<(u16, Vec<u8>)> {
+    let mut conn = Conn::connect(address).await?;
+    let response = conn.exchange(request).await?;
+    Ok((response.status, response.body.to_vec()))
+}

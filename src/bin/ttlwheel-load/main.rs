@@ -1,0 +1,498 @@
+//! `ttlwheel-load`: the load generator for ttlwheel (and the peers it is compared with).
+//!
+//! Modes:
+//! - `heartbeat`: single heartbeats on random keys over C keep-alive connections; req/s and
+//!   latency p50/p99/p999.
+//! - `batch`: the same through `POST /v1/heartbeats/batch`, B keys per request; heartbeats/s.
+//! - `soak`: K keys heartbeating every TTL/3 while some stop; every stopped key must expire
+//!   exactly once within its window and no other key ever (see [`soak`]).
+//! - `storm`: 1M keys expire in the same second under heartbeat load (see [`storm`]).
+//! - `redis-expiry`, `etcd-expiry`: the peers' expiry lateness, measured the same way (see
+//!   [`peers`]).
+//!
+//! Results are printed for people, then as one `RESULT {json}` line for scripts
+//! (`bench/compare.sh`). The exit status is 1 when a run saw errors or a soak was not clean.
+
+mod driver;
+mod peers;
+mod receiver;
+mod soak;
+mod stats;
+mod storm;
+mod wire;
+mod workload;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use tokio::time::Instant;
+
+use driver::{Load, Phases, Workload, STOP};
+use wire::Response;
+use workload::Ttl;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "ttlwheel-load",
+    about = "Load generator for ttlwheel and its peers"
+)]
+struct Cli {
+    /// The ttlwheel server (host:port), or the peer for the peer modes.
+    #[arg(long, global = true, default_value = "127.0.0.1:7878")]
+    target: String,
+    /// Threads of the tool's own runtime (1: a single-threaded event loop, like
+    /// `redis-benchmark`).
+    #[arg(long, global = true, default_value_t = 1)]
+    threads: usize,
+    /// Seed of the random key choices.
+    #[arg(long, global = true, default_value_t = 1)]
+    seed: u64,
+    #[command(subcommand)]
+    mode: Mode,
+}
+
+#[derive(Subcommand, Debug)]
+enum Mode {
+    /// Single heartbeats (`POST /v1/heartbeats`) on random keys.
+    Heartbeat(LoadArgs),
+    /// Batches (`POST /v1/heartbeats/batch?results=errors`) of random keys.
+    Batch {
+        #[command(flatten)]
+        load: LoadArgs,
+        /// Heartbeats per request.
+        #[arg(long, default_value_t = 1000)]
+        batch: usize,
+        /// Ask for every item's result instead of only the failures.
+        #[arg(long)]
+        full_results: bool,
+    },
+    /// Heartbeat every TTL/3 while a fraction of keys stop; count expirations.
+    Soak(SoakArgs),
+    /// A same-second expiry of many keys under heartbeat load.
+    Storm(StormArgs),
+    /// Redis: keys set with `SET k v PX ttl`, expiry seen through keyspace notifications.
+    RedisExpiry(peers::ExpiryArgs),
+    /// etcd 3.4 (HTTP gateway): keys on leases, lease expiry seen through a watch.
+    EtcdExpiry(peers::ExpiryArgs),
+}
+
+#[derive(Args, Debug)]
+struct LoadArgs {
+    /// Distinct keys, chosen at random for each heartbeat.
+    #[arg(long, default_value_t = 1_000_000)]
+    keys: u64,
+    #[arg(long, default_value_t = 50)]
+    connections: usize,
+    #[arg(long, default_value = "30s", value_parser = Ttl::parse)]
+    ttl: Ttl,
+    /// Measured time.
+    #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Load before measuring (not counted).
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    warmup: Duration,
+    /// Do not register every key before the run (the run then creates keys as it goes).
+    #[arg(long)]
+    no_preload: bool,
+    #[arg(long, default_value = "load-", value_parser = workload::check_prefix)]
+    prefix: String,
+}
+
+#[derive(Args, Debug)]
+struct SoakArgs {
+    #[arg(long, default_value_t = 100_000)]
+    keys: u64,
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// TTL of the keys on the wheel path (whole seconds).
+    #[arg(long, default_value = "6s", value_parser = Ttl::parse)]
+    wheel_ttl: Ttl,
+    /// TTL of the keys on the heap path (not whole seconds).
+    #[arg(long, default_value = "4500ms", value_parser = Ttl::parse)]
+    heap_ttl: Ttl,
+    #[arg(long, default_value = "1050ms", value_parser = humantime::parse_duration)]
+    wheel_grace: Duration,
+    #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
+    heap_grace: Duration,
+    #[arg(long, default_value_t = 0.5)]
+    heap_fraction: f64,
+    #[arg(long, default_value_t = 0.1)]
+    stop_fraction: f64,
+    /// Connections sending the batches.
+    #[arg(long, default_value_t = 4)]
+    connections: usize,
+    #[command(flatten)]
+    receiver: ReceiverArgs,
+}
+
+#[derive(Args, Debug)]
+struct StormArgs {
+    #[arg(long, default_value_t = 1_000_000)]
+    keys: u64,
+    #[arg(long, default_value = "10s", value_parser = Ttl::parse)]
+    ttl: Ttl,
+    /// Keys of the background heartbeat load (they must never expire).
+    #[arg(long, default_value_t = 100_000)]
+    live_keys: u64,
+    #[arg(long, default_value_t = 16)]
+    live_connections: usize,
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    baseline: Duration,
+    /// Give up waiting for webhooks this long after the storm starts.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+    #[command(flatten)]
+    receiver: ReceiverArgs,
+}
+
+#[derive(Args, Debug)]
+struct ReceiverArgs {
+    /// Where the tool's webhook receiver listens; start ttlwheel with
+    /// `--webhook-url http://<this>/hook`.
+    #[arg(long, default_value = "127.0.0.1:9797")]
+    receiver: SocketAddr,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let runtime = if cli.threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(cli.threads);
+        builder
+    }
+    .enable_all()
+    .build()
+    .expect("a tokio runtime");
+    match runtime.block_on(run(cli)) {
+        Ok(true) => {}
+        Ok(false) => std::process::exit(1),
+        Err(error) => {
+            eprintln!("ttlwheel-load: {error}");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// Runs the mode; `Ok(false)` when it completed but saw errors.
+async fn run(cli: Cli) -> Result<bool, String> {
+    let target = cli.target;
+    match cli.mode {
+        Mode::Heartbeat(args) => {
+            let workload = Arc::new(SingleHeartbeats {
+                host: target.clone(),
+                prefix: args.prefix.clone(),
+                keys: args.keys,
+                ttl: args.ttl,
+            });
+            closed_loop(&target, &args, workload, "heartbeat", cli.seed).await
+        }
+        Mode::Batch {
+            load,
+            batch,
+            full_results,
+        } => {
+            let workload = Arc::new(BatchHeartbeats {
+                host: target.clone(),
+                path: if full_results {
+                    "/v1/heartbeats/batch"
+                } else {
+                    "/v1/heartbeats/batch?results=errors"
+                },
+                prefix: load.prefix.clone(),
+                keys: load.keys,
+                ttl: load.ttl,
+                batch,
+            });
+            closed_loop(&target, &load, workload, "batch", cli.seed).await
+        }
+        Mode::Soak(args) => {
+            let arrivals = start_receiver(&target, &args.receiver).await?;
+            let settings = soak::Settings {
+                address: target,
+                keys: args.keys,
+                duration: args.duration,
+                wheel: soak::PathSpec {
+                    ttl: args.wheel_ttl.0,
+                    grace: args.wheel_grace,
+                },
+                heap: soak::PathSpec {
+                    ttl: args.heap_ttl.0,
+                    grace: args.heap_grace,
+                },
+                heap_fraction: args.heap_fraction,
+                stop_fraction: args.stop_fraction,
+                connections: args.connections,
+                prefix: "soak-".into(),
+                seed: cli.seed,
+            };
+            eprintln!("soak: {} keys for {:?}", settings.keys, settings.duration);
+            let outcome = soak::run(settings, arrivals).await?;
+            let c = &outcome.counts;
+            println!(
+                "soak: stopped {} | in window {} | late {} | early {} | FALSE {} | duplicate {} | missing {} | pending {}",
+                c.stopped, c.in_window, c.late, c.early, c.false_expirations, c.duplicates, c.missing, c.pending
+            );
+            println!(
+                "soak: heartbeats sent {} failed {} | scheduler max lag {:.1} ms",
+                outcome.heartbeats_sent, outcome.heartbeats_failed, outcome.max_schedule_lag_ms
+            );
+            println!("soak: wheel lateness {}", outcome.wheel_lateness);
+            println!("soak: heap lateness  {}", outcome.heap_lateness);
+            print_result("soak", &outcome);
+            Ok(outcome.counts.clean() && outcome.heartbeats_failed == 0)
+        }
+        Mode::Storm(args) => {
+            let arrivals = start_receiver(&target, &args.receiver).await?;
+            let settings = storm::Settings {
+                address: target,
+                keys: args.keys,
+                ttl: args.ttl,
+                register_connections: 4,
+                live_keys: args.live_keys,
+                live_connections: args.live_connections,
+                live_ttl: Ttl(Duration::from_secs(60)),
+                baseline: args.baseline,
+                timeout: args.timeout,
+                seed: cli.seed,
+            };
+            let outcome = storm::run(settings, arrivals).await?;
+            println!(
+                "storm: {} keys registered in {:.0} ms; {} expired ({} duplicate, {} FALSE)",
+                outcome.keys,
+                outcome.register_ms,
+                outcome.expired,
+                outcome.duplicates,
+                outcome.false_expirations
+            );
+            println!(
+                "storm: first webhook {:.0} ms, last webhook {:.0} ms after the earliest deadline ({:.0}/s)",
+                outcome.first_webhook_ms, outcome.last_webhook_ms, outcome.webhooks_per_s
+            );
+            println!(
+                "storm: heartbeats before {:.0}/s {}",
+                outcome.heartbeats_per_s_before, outcome.heartbeat_before
+            );
+            println!(
+                "storm: heartbeats during {:.0}/s {}",
+                outcome.heartbeats_per_s_during, outcome.heartbeat_during
+            );
+            print_result("storm", &outcome);
+            Ok(outcome.expired == outcome.keys
+                && outcome.duplicates == 0
+                && outcome.false_expirations == 0
+                && outcome.heartbeat_errors == 0)
+        }
+        Mode::RedisExpiry(args) => {
+            let outcome = peers::redis_expiry(&target, &args).await?;
+            peers::print(&outcome, "redis-expiry");
+            Ok(outcome.missing == 0)
+        }
+        Mode::EtcdExpiry(args) => {
+            let outcome = peers::etcd_expiry(&target, &args).await?;
+            peers::print(&outcome, "etcd-expiry");
+            Ok(outcome.missing == 0)
+        }
+    }
+}
+
+/// Prints a mode's outcome as the one line scripts read.
+fn print_result(mode: &str, outcome: &impl serde::Serialize) {
+    let json = serde_json::to_string(outcome).expect("outcomes serialize");
+    println!("RESULT {{\"mode\":\"{mode}\",\"outcome\":{json}}}");
+}
+
+/// Starts the webhook receiver and checks that the server delivers to it.
+async fn start_receiver(
+    target: &str,
+    args: &ReceiverArgs,
+) -> Result<tokio::sync::mpsc::UnboundedReceiver<receiver::Arrival>, String> {
+    let (address, arrivals) = receiver::start(args.receiver)
+        .await
+        .map_err(|error| format!("cannot listen on {}: {error}", args.receiver))?;
+    let (status, body) = driver::one_request(target, &wire::get(target, "/v1/webhooks"))
+        .await
+        .map_err(|error| format!("cannot reach {target}: {error}"))?;
+    let expected = format!("http://{address}/hook");
+    if status != 200 || !String::from_utf8_lossy(&body).contains(&expected) {
+        return Err(format!(
+            "the server at {target} does not deliver webhooks to this tool: start it with --webhook-url {expected}"
+        ));
+    }
+    Ok(arrivals)
+}
+
+/// A single heartbeat on a random key.
+pub struct SingleHeartbeats {
+    pub host: String,
+    pub prefix: String,
+    pub keys: u64,
+    pub ttl: Ttl,
+}
+
+impl Workload for SingleHeartbeats {
+    fn request(&self, rng: &mut fastrand::Rng, out: &mut Vec<u8>) -> u64 {
+        let mut body = Vec::with_capacity(64);
+        workload::write_heartbeat(&mut body, &self.prefix, rng.u64(0..self.keys), self.ttl);
+        wire::write_post_head(out, &self.host, "/v1/heartbeats", body.len());
+        out.extend_from_slice(&body);
+        1
+    }
+
+    fn failed(&self, _response: &Response<'_>, _items: u64) -> u64 {
+        0 // a 2xx answer is a renewed key
+    }
+}
+
+/// A batch of heartbeats on random keys.
+struct BatchHeartbeats {
+    host: String,
+    path: &'static str,
+    prefix: String,
+    keys: u64,
+    ttl: Ttl,
+    batch: usize,
+}
+
+impl Workload for BatchHeartbeats {
+    fn request(&self, rng: &mut fastrand::Rng, out: &mut Vec<u8>) -> u64 {
+        let mut body = Vec::with_capacity(self.batch * 40);
+        let keys = (0..self.batch).map(|_| (rng.u64(0..self.keys), self.ttl));
+        workload::write_batch(&mut body, &self.prefix, keys);
+        wire::write_post_head(out, &self.host, self.path, body.len());
+        out.extend_from_slice(&body);
+        self.batch as u64
+    }
+
+    fn failed(&self, response: &Response<'_>, items: u64) -> u64 {
+        workload::failed_items(response.body, items)
+    }
+}
+
+/// Registers keys `<prefix>0..keys` with `ttl` in batches of 1000 over `connections`
+/// connections; fails if any is refused.
+pub async fn register(
+    address: &str,
+    prefix: &str,
+    keys: u64,
+    ttl: Ttl,
+    connections: usize,
+) -> Result<(), String> {
+    const BATCH: u64 = 1000;
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let tasks: Vec<_> = (0..connections.max(1))
+        .map(|_| {
+            let (address, prefix, next) =
+                (address.to_owned(), prefix.to_owned(), Arc::clone(&next));
+            tokio::spawn(async move {
+                let mut conn = wire::Conn::connect(&address)
+                    .await
+                    .map_err(|error| format!("cannot connect to {address}: {error}"))?;
+                let mut body = Vec::new();
+                loop {
+                    let start = next.fetch_add(BATCH, std::sync::atomic::Ordering::Relaxed);
+                    if start >= keys {
+                        return Ok::<(), String>(());
+                    }
+                    body.clear();
+                    workload::write_batch(
+                        &mut body,
+                        &prefix,
+                        (start..keys.min(start + BATCH)).map(|n| (n, ttl)),
+                    );
+                    let request =
+                        wire::post_json(&address, "/v1/heartbeats/batch?results=errors", &body);
+                    let response = conn
+                        .exchange(&request)
+                        .await
+                        .map_err(|error| error.to_string())?;
+                    let failed = (response.status == 200)
+                        .then(|| workload::failed_positions(response.body).ok())
+                        .flatten();
+                    if failed.as_ref().is_none_or(|failed| !failed.is_empty()) {
+                        return Err(format!(
+                            "registering {prefix}{start}..: {} {}",
+                            response.status,
+                            String::from_utf8_lossy(&response.body[..response.body.len().min(300)])
+                        ));
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.map_err(|error| error.to_string())??;
+    }
+    Ok(())
+}
+
+/// Runs a closed-loop mode: preload, warm up, measure, report.
+async fn closed_loop(
+    target: &str,
+    args: &LoadArgs,
+    workload: Arc<dyn Workload>,
+    mode: &str,
+    seed: u64,
+) -> Result<bool, String> {
+    if !args.no_preload {
+        let started = Instant::now();
+        register(target, &args.prefix, args.keys, args.ttl, 4).await?;
+        eprintln!(
+            "{mode}: preloaded {} keys in {:.1} s",
+            args.keys,
+            started.elapsed().as_secs_f64()
+        );
+    }
+    const WARMUP: usize = 0;
+    const MEASURED: usize = 1;
+    let phases = Arc::new(Phases::default());
+    let load = Load::start(
+        target,
+        args.connections,
+        2,
+        Arc::clone(&phases),
+        workload,
+        seed,
+    );
+    tokio::time::sleep(args.warmup).await;
+    phases.set(MEASURED);
+    let started = Instant::now();
+    tokio::time::sleep(args.duration).await;
+    phases.set(STOP);
+    let took = started.elapsed();
+    let stats = load.finish().await;
+    let measured = &stats[MEASURED];
+    let _ = WARMUP;
+    let outcome = ClosedLoopOutcome {
+        connections: args.connections,
+        seconds: took.as_secs_f64(),
+        requests: measured.requests,
+        requests_per_s: measured.requests as f64 / took.as_secs_f64(),
+        heartbeats_per_s: measured.items as f64 / took.as_secs_f64(),
+        failed_heartbeats: measured.failed_items,
+        errors: measured.errors,
+        latency: measured.latencies.summary(),
+    };
+    println!(
+        "{mode}: {} connections, {:.1} s: {:.0} req/s, {:.0} heartbeats/s, {} errors, {} failed heartbeats",
+        outcome.connections, outcome.seconds, outcome.requests_per_s, outcome.heartbeats_per_s, outcome.errors, outcome.failed_heartbeats
+    );
+    println!("{mode}: latency {}", outcome.latency);
+    print_result(mode, &outcome);
+    Ok(outcome.errors == 0 && outcome.failed_heartbeats == 0)
+}
+
+#[derive(Debug, serde::Serialize)]
+struct ClosedLoopOutcome {
+    connections: usize,
+    seconds: f64,
+    requests: u64,
+    requests_per_s: f64,
+    heartbeats_per_s: f64,
+    failed_heartbeats: u64,
+    errors: u64,
+    latency: stats::Summary,
+}

@@ -1,0 +1,110 @@
+//! The tool's webhook receiver: an HTTP server that stamps each delivery with its arrival time
+//! (the moment the handler runs) and hands it to the mode's accounting. It answers `204` at once,
+//! so deliveries are never retried because of the receiver.
+
+use std::net::SocketAddr;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::Router;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+/// One delivery as received.
+#[derive(Debug)]
+pub struct Arrival {
+    pub at: Instant,
+    /// The `webhook-id` header: the same on every retry of one event.
+    pub id: String,
+    /// `expired`, `deleted` or `registered`.
+    pub kind: String,
+    pub key: String,
+}
+
+/// Starts the receiver on `bind`; deliveries come out of the returned channel.
+pub async fn start(
+    bind: SocketAddr,
+) -> std::io::Result<(SocketAddr, mpsc::UnboundedReceiver<Arrival>)> {
+    let listener = tokio::net::TcpListener::bind(bind).await?;
+    let address = listener.local_addr()?;
+    let (sender, arrivals) = mpsc::unbounded_channel();
+    let app = Router::new()
+        .route("/hook", post(deliver))
+        .with_state(sender);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok((address, arrivals))
+}
+
+async fn deliver(
+    State(sender): State<mpsc::UnboundedSender<Arrival>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> StatusCode {
+    let at = Instant::now();
+    match parse(&headers, &body) {
+        Some((id, kind, key)) => {
+            let _ = sender.send(Arrival { at, id, kind, key });
+            StatusCode::NO_CONTENT
+        }
+        // Not a delivery we understand: refuse it visibly (it would be a bug in one side).
+        None => StatusCode::BAD_REQUEST,
+    }
+}
+
+fn parse(headers: &HeaderMap, body: &[u8]) -> Option<(String, String, String)> {
+    #[derive(serde::Deserialize)]
+    struct Payload<'a> {
+        #[serde(borrow)]
+        r#type: &'a str,
+        data: Data<'a>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Data<'a> {
+        #[serde(borrow)]
+        key: std::borrow::Cow<'a, str>,
+    }
+    let id = headers.get("webhook-id")?.to_str().ok()?.to_owned();
+    let payload: Payload<'_> = serde_json::from_slice(body).ok()?;
+    Some((id, payload.r#type.to_owned(), payload.data.key.into_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_delivery_is_stamped_and_parsed_over_real_http() {
+        let (address, mut arrivals) = start("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let body = br#"{"type":"expired","timestamp":"t","data":{"key":"soak-7","service":null}}"#;
+        let mut request = crate::wire::post_json("x", "/hook", body);
+        // Insert the id header after the request line.
+        let at = request.windows(2).position(|w| w == b"\r\n").unwrap() + 2;
+        request.splice(at..at, b"webhook-id: msg_1\r\n".iter().copied());
+        let before = Instant::now();
+        let (status, _) = crate::driver::one_request(&address.to_string(), &request)
+            .await
+            .unwrap();
+        assert_eq!(status, 204);
+        let arrival = arrivals.recv().await.unwrap();
+        assert_eq!(
+            (
+                arrival.id.as_str(),
+                arrival.kind.as_str(),
+                arrival.key.as_str()
+            ),
+            ("msg_1", "expired", "soak-7")
+        );
+        assert!(arrival.at >= before);
+    }
+
+    #[test]
+    fn deliveries_without_an_id_or_a_key_are_refused() {
+        let mut headers = HeaderMap::new();
+        assert!(parse(&headers, br#"{"type":"expired","data":{"key":"a"}}"#).is_none());
+        headers.insert("webhook-id", "msg_1".parse().unwrap());
+        assert!(parse(&headers, br#"{"type":"expired","data":{}}"#).is_none());
+        assert!(parse(&headers, br#"{"type":"expired","data":{"key":"a"}}"#).is_some());
+    }
+}

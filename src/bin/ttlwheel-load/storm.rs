@@ -1,0 +1,176 @@
+//! `storm`: `keys` keys with the same TTL are registered within about a second, so they expire
+//! in the same wheel tick or two, while single heartbeats on other keys go on. Reports the
+//! heartbeat latency before and during the storm and the time until the last webhook arrives.
+//!
+//! The storm is timed from the earliest moment any storm key can expire (registration start +
+//! TTL) to the arrival of its last webhook; heartbeats that *start* in that span count as
+//! "during". Keys of the background load must never expire (a false expiration).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::driver::{Load, PhaseStats, Phases, STOP};
+use crate::receiver::Arrival;
+use crate::stats::Summary;
+use crate::workload::{self, Ttl};
+use crate::{register, SingleHeartbeats};
+
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub address: String,
+    pub keys: u64,
+    pub ttl: Ttl,
+    pub register_connections: usize,
+    pub live_keys: u64,
+    pub live_connections: usize,
+    pub live_ttl: Ttl,
+    pub baseline: Duration,
+    pub timeout: Duration,
+    pub seed: u64,
+}
+
+const STORM_PREFIX: &str = "storm-";
+const LIVE_PREFIX: &str = "live-";
+
+#[derive(Debug, serde::Serialize)]
+pub struct Outcome {
+    pub keys: u64,
+    pub register_ms: f64,
+    pub expired: u64,
+    pub duplicates: u64,
+    pub false_expirations: u64,
+    /// From the earliest possible expiry (registration start + TTL) to the first and the last
+    /// webhook of a storm key.
+    pub first_webhook_ms: f64,
+    pub last_webhook_ms: f64,
+    /// Storm-key webhooks per second between the first and the last.
+    pub webhooks_per_s: f64,
+    pub heartbeat_before: Summary,
+    pub heartbeat_during: Summary,
+    pub heartbeats_per_s_before: f64,
+    pub heartbeats_per_s_during: f64,
+    pub heartbeat_errors: u64,
+}
+
+const BASELINE: usize = 0;
+const REGISTERING: usize = 1;
+const WAITING: usize = 2;
+const STORM: usize = 3;
+
+pub async fn run(
+    settings: Settings,
+    mut arrivals: tokio::sync::mpsc::UnboundedReceiver<Arrival>,
+) -> Result<Outcome, String> {
+    eprintln!("storm: preloading {} live keys", settings.live_keys);
+    register(
+        &settings.address,
+        LIVE_PREFIX,
+        settings.live_keys,
+        settings.live_ttl,
+        settings.register_connections,
+    )
+    .await?;
+    let phases = Arc::new(Phases::default());
+    let load = Load::start(
+        &settings.address,
+        settings.live_connections,
+        STORM + 1,
+        Arc::clone(&phases),
+        Arc::new(SingleHeartbeats {
+            host: settings.address.clone(),
+            prefix: LIVE_PREFIX.into(),
+            keys: settings.live_keys,
+            ttl: settings.live_ttl,
+        }),
+        settings.seed,
+    );
+    let baseline_started = Instant::now();
+    tokio::time::sleep(settings.baseline).await;
+    let baseline_took = baseline_started.elapsed();
+
+    phases.set(REGISTERING);
+    eprintln!(
+        "storm: registering {} keys with ttl {:?}",
+        settings.keys, settings.ttl.0
+    );
+    let register_started = Instant::now();
+    register(
+        &settings.address,
+        STORM_PREFIX,
+        settings.keys,
+        settings.ttl,
+        settings.register_connections,
+    )
+    .await?;
+    let register_took = register_started.elapsed();
+    phases.set(WAITING);
+    let storm_starts = register_started + settings.ttl.0;
+    let phase_switch = {
+        let phases = Arc::clone(&phases);
+        tokio::spawn(async move {
+            tokio::time::sleep_until(storm_starts).await;
+            phases.set(STORM);
+        })
+    };
+
+    let mut seen = vec![false; settings.keys as usize];
+    let (mut expired, mut duplicates, mut false_expirations) = (0u64, 0u64, 0u64);
+    let (mut first, mut last) = (None, None);
+    let give_up = storm_starts + settings.timeout;
+    while expired < settings.keys {
+        let arrival = match tokio::time::timeout_at(give_up, arrivals.recv()).await {
+            Ok(Some(arrival)) => arrival,
+            Ok(None) | Err(_) => break,
+        };
+        if arrival.kind != "expired" {
+            continue;
+        }
+        if let Some(index) = workload::key_index(&arrival.key, STORM_PREFIX) {
+            match seen.get_mut(index as usize) {
+                Some(seen @ false) => {
+                    *seen = true;
+                    expired += 1;
+                    first.get_or_insert(arrival.at);
+                    last = Some(arrival.at);
+                }
+                Some(true) => duplicates += 1,
+                None => false_expirations += 1,
+            }
+        } else {
+            false_expirations += 1;
+        }
+    }
+    let storm_ended = Instant::now();
+    phase_switch.abort();
+    phases.set(STOP);
+    let stats = load.finish().await;
+    let storm_took = storm_ended.saturating_duration_since(storm_starts);
+
+    let since_start = |at: Option<Instant>| {
+        at.map_or(f64::NAN, |at| {
+            crate::stats::ms(at.saturating_duration_since(storm_starts))
+        })
+    };
+    let rate = |stats: &PhaseStats, took: Duration| stats.requests as f64 / took.as_secs_f64();
+    let webhooks_per_s = match (first, last) {
+        (Some(first), Some(last)) if last > first => expired as f64 / (last - first).as_secs_f64(),
+        _ => f64::NAN,
+    };
+    Ok(Outcome {
+        keys: settings.keys,
+        register_ms: crate::stats::ms(register_took),
+        expired,
+        duplicates,
+        false_expirations,
+        first_webhook_ms: since_start(first),
+        last_webhook_ms: since_start(last),
+        webhooks_per_s,
+        heartbeat_before: stats[BASELINE].latencies.summary(),
+        heartbeat_during: stats[STORM].latencies.summary(),
+        heartbeats_per_s_before: rate(&stats[BASELINE], baseline_took),
+        heartbeats_per_s_during: rate(&stats[STORM], storm_took),
+        heartbeat_errors: stats.iter().map(|s| s.errors + s.failed_items).sum(),
+    })
+}

@@ -87,8 +87,85 @@ impl Clock {
 }
 
 /// A Unix time in ms as RFC 3339 UTC with milliseconds, as every API and payload shows times.
-pub fn rfc3339(unix_ms: u64) -> String {
-    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(unix_ms)).to_string()
+pub fn rfc3339(unix_ms: u64) -> Rfc3339 {
+    Rfc3339::from_unix_ms(unix_ms)
+}
+
+/// A time as `YYYY-MM-DDTHH:MM:SS.mmmZ`, formatted into a fixed buffer: answers and events
+/// show several times each, and formatting them must not allocate (it is on the heartbeat
+/// path). Times after 9999-12-31 show as that day's last millisecond.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Rfc3339([u8; 24]);
+
+impl Rfc3339 {
+    /// The last millisecond of year 9999.
+    const MAX_UNIX_MS: u64 = 253_402_300_799_999;
+
+    pub fn from_unix_ms(unix_ms: u64) -> Self {
+        let unix_ms = unix_ms.min(Self::MAX_UNIX_MS);
+        let days = unix_ms / 86_400_000;
+        let ms_of_day = unix_ms % 86_400_000;
+        let (year, month, day) = civil_from_days(days);
+        let mut text = *b"0000-00-00T00:00:00.000Z";
+        put_digits(&mut text[0..4], year);
+        put_digits(&mut text[5..7], month);
+        put_digits(&mut text[8..10], day);
+        put_digits(&mut text[11..13], ms_of_day / 3_600_000);
+        put_digits(&mut text[14..16], ms_of_day / 60_000 % 60);
+        put_digits(&mut text[17..19], ms_of_day / 1000 % 60);
+        put_digits(&mut text[20..23], ms_of_day % 1000);
+        Self(text)
+    }
+
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).expect("only ASCII digits and separators")
+    }
+}
+
+/// Writes `value` as decimal digits filling `out` (zero-padded on the left).
+fn put_digits(out: &mut [u8], mut value: u64) {
+    for digit in out.iter_mut().rev() {
+        *digit = b'0' + (value % 10) as u8;
+        value /= 10;
+    }
+}
+
+/// Year, month, day of a day number since 1970-01-01 (H. Hinnant's `civil_from_days`, for
+/// non-negative days).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let day_of_era = z % 146_097;
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_from_march = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
+    let month = if month_from_march < 10 {
+        month_from_march + 3
+    } else {
+        month_from_march - 9
+    };
+    let year = year_of_era + era * 400 + u64::from(month <= 2);
+    (year, month, day)
+}
+
+impl std::fmt::Display for Rfc3339 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::fmt::Debug for Rfc3339 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl serde::Serialize for Rfc3339 {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
 }
 
 #[cfg(test)]
@@ -109,5 +186,43 @@ mod tests {
         assert_eq!(clock.unix_ms(12), 1_000_012);
         assert_eq!(clock.ms_from_unix(999_000), -1_000);
         assert_eq!(clock.instant_at(12), epoch + Duration::from_millis(12));
+    }
+
+    /// The reference: humantime's formatter.
+    fn reference(unix_ms: u64) -> String {
+        humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(unix_ms)).to_string()
+    }
+
+    #[test]
+    fn rfc3339_matches_the_reference_at_the_edges() {
+        for unix_ms in [
+            0,
+            1,
+            86_399_999,
+            86_400_000,
+            951_782_400_000,   // 2000-02-29
+            1_709_164_800_000, // 2024-02-29
+            4_107_542_399_999, // 2100-02-28T23:59:59.999
+            4_107_542_400_000, // 2100-03-01 (no Feb 29 in 2100)
+            Rfc3339::MAX_UNIX_MS,
+        ] {
+            assert_eq!(
+                rfc3339(unix_ms).to_string(),
+                reference(unix_ms),
+                "{unix_ms}"
+            );
+        }
+        assert_eq!(rfc3339(u64::MAX).as_str(), "9999-12-31T23:59:59.999Z");
+        assert_eq!(
+            serde_json::to_string(&rfc3339(1_000)).unwrap(),
+            "\"1970-01-01T00:00:01.000Z\""
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn rfc3339_matches_the_reference(unix_ms in 0..=Rfc3339::MAX_UNIX_MS) {
+            proptest::prop_assert_eq!(rfc3339(unix_ms).to_string(), reference(unix_ms));
+        }
     }
 }

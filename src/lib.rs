@@ -87,13 +87,13 @@ pub async fn run(
             let _ = ticker_stopped.await;
         },
     ));
-    let app = http::app(http::AppState {
+    let app = http::app(http::AppState::new(http::Shared {
         registry,
         default_ttl,
         notifier: Arc::clone(&notifier),
         hub: Arc::clone(&hub),
         metrics,
-    });
+    }));
     let closing_hub = Arc::clone(&hub);
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(async move {

@@ -1,9 +1,9 @@
 //! Prometheus metrics (`GET /metrics`, OpenMetrics text) with the `prometheus-client` crate.
 //!
 //! Two kinds: counters and histograms updated as things happen ([`Metrics`]'s public fields:
-//! heartbeats, events, expiry lateness, sweep durations, HTTP requests), and values read at
-//! scrape time from their owners ([`Live`]: keys per timer and per service, ticker lag, stream
-//! clients, webhook queues, memory). Label cardinality is bounded: services are the top
+//! events, expiry lateness, sweep durations, HTTP requests), and values read at scrape time
+//! from their owners ([`Live`]: heartbeats (counted by the registry's shards), keys per timer
+//! and per service, ticker lag, stream clients, webhook queues, memory). Label cardinality is bounded: services are the top
 //! [`TOP_SERVICES`] by alive keys plus one `(other)` sum; routes are the router's templates;
 //! webhook URLs are the configured ones.
 
@@ -53,19 +53,23 @@ fn latency_histogram() -> Histogram {
 #[derive(Debug)]
 pub struct Metrics {
     registry: prometheus_client::registry::Registry,
-    pub heartbeats: Counter,
     pub registrations: Counter,
     pub expirations: Counter,
     pub deletions: Counter,
     pub expiry_lateness: Histogram,
     pub sweep_duration: Histogram,
     pub http_requests: Family<RequestLabels, Counter>,
-    pub http_duration: Family<RouteLabels, Histogram>,
+    /// Request latency by route: one histogram per route of [`crate::http::ROUTES`] (same
+    /// order) and a last one for unmatched requests, resolved at start so that timing a
+    /// request takes no lock.
+    route_durations: Vec<(&'static str, Histogram)>,
 }
+
+/// The route label of requests that matched no route.
+pub const UNMATCHED_ROUTE: &str = "(unmatched)";
 
 impl Metrics {
     pub fn new(live: Live) -> Self {
-        let heartbeats = Counter::default();
         let registrations = Counter::default();
         let expirations = Counter::default();
         let deletions = Counter::default();
@@ -78,12 +82,16 @@ impl Metrics {
         let http_duration = Family::<RouteLabels, Histogram>::new_with_constructor(
             latency_histogram as fn() -> Histogram,
         );
+        let route_durations = crate::http::ROUTES
+            .iter()
+            .map(|(route, _)| *route)
+            .chain([UNMATCHED_ROUTE])
+            .map(|route| {
+                let histogram = http_duration.get_or_create(&RouteLabels { route }).clone();
+                (route, histogram)
+            })
+            .collect();
         let mut registry = prometheus_client::registry::Registry::default();
-        registry.register(
-            "ttlwheel_heartbeats",
-            "Heartbeats accepted (a batch counts each item).",
-            heartbeats.clone(),
-        );
         registry.register(
             "ttlwheel_registrations",
             "Keys created by a heartbeat.",
@@ -118,14 +126,13 @@ impl Metrics {
         registry.register_collector(Box::new(live));
         Self {
             registry,
-            heartbeats,
             registrations,
             expirations,
             deletions,
             expiry_lateness,
             sweep_duration,
             http_requests,
-            http_duration,
+            route_durations,
         }
     }
 
@@ -150,13 +157,21 @@ impl Metrics {
         self.sweep_duration.observe(took.as_secs_f64());
     }
 
-    pub fn observe_request(
-        &self,
-        route: &'static str,
-        method: &'static str,
-        status: u16,
-        took: Duration,
-    ) {
+    /// The index of a route template in [`crate::http::ROUTES`] (the unmatched slot when it is
+    /// none of them), for [`Metrics::observe_request`].
+    pub fn route_index(&self, template: Option<&str>) -> usize {
+        let unmatched = self.route_durations.len() - 1;
+        template
+            .and_then(|template| {
+                self.route_durations[..unmatched]
+                    .iter()
+                    .position(|(route, _)| *route == template)
+            })
+            .unwrap_or(unmatched)
+    }
+
+    pub fn observe_request(&self, route: usize, method: &'static str, status: u16, took: Duration) {
+        let (route, duration) = &self.route_durations[route];
         self.http_requests
             .get_or_create(&RequestLabels {
                 route,
@@ -164,9 +179,7 @@ impl Metrics {
                 status,
             })
             .inc();
-        self.http_duration
-            .get_or_create(&RouteLabels { route })
-            .observe(took.as_secs_f64());
+        duration.observe(took.as_secs_f64());
     }
 
     /// The exposition, OpenMetrics text.
@@ -240,6 +253,12 @@ fn counter<'a>(
 impl Collector for Live {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let now = Instant::now();
+        counter1(
+            &mut encoder,
+            "ttlwheel_heartbeats",
+            "Heartbeats accepted (a batch counts each item).",
+            self.registry.heartbeats_total(),
+        )?;
         let alive = self.registry.len();
         let (wheel, heap) = self.registry.timer_counts();
         let none = alive.saturating_sub(wheel + heap);

@@ -101,7 +101,7 @@ pub async fn events_stream(
             .transpose()?,
         prefix: params.prefix,
     };
-    let hub = state.hub;
+    let hub = Arc::clone(&state.hub);
     let resume_from = headers
         .get("last-event-id")
         .map(|value| value.to_str().ok().and_then(|id| hub.parse_id(id)));

@@ -65,14 +65,12 @@ fn is_json(headers: &HeaderMap) -> bool {
     else {
         return false;
     };
-    let essence = value
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    essence == "application/json"
-        || (essence.starts_with("application/") && essence.ends_with("+json"))
+    let essence = value.split(';').next().unwrap_or("").trim();
+    let (kind, subtype) = essence.split_once('/').unwrap_or((essence, ""));
+    kind.eq_ignore_ascii_case("application")
+        && (subtype.eq_ignore_ascii_case("json")
+            || (subtype.len() > 5
+                && subtype.as_bytes()[subtype.len() - 5..].eq_ignore_ascii_case(b"+json")))
 }
 
 /// Parses a JSON body; any syntax or type error (including an unknown field) is `invalid_json`.

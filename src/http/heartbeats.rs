@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::error::ApiError;
 use super::extract::{parse_json, JsonBytes, QueryParams, BATCH_BODY_LIMIT, BODY_LIMIT};
-use super::{rfc3339, AppState};
+use super::{rfc3339, AppState, Rfc3339};
 use crate::expiry::TimerKind;
 use crate::registry::{Heartbeat, HeartbeatOutcome};
 use crate::types::{Key, Meta, ServiceName, Ttl};
@@ -38,7 +38,7 @@ pub struct HeartbeatResponse {
     created: bool,
     ttl_ms: u64,
     expires_in_ms: u64,
-    expires_at: String,
+    expires_at: Rfc3339,
     timer: TimerKind,
 }
 
@@ -177,7 +177,6 @@ fn apply(
     };
     let key = heartbeat.key.clone();
     let outcome = state.registry.heartbeat(heartbeat, now)?;
-    state.metrics.heartbeats.inc();
     Ok((key, outcome))
 }
 

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::error::ApiError;
 use super::extract::{parse_json, JsonBytes, KeyPath, QueryParams, BODY_LIMIT};
-use super::{rfc3339, AppState};
+use super::{rfc3339, AppState, Rfc3339};
 use crate::expiry::TimerKind;
 use crate::registry::{
     ExpireAt, ExpireCondition, ExpireOutcome, ExpiredView, KeyState, KeyView, ListFilter,
@@ -60,9 +60,9 @@ pub struct AliveKey {
     /// `null` when the key has no TTL (after PERSIST); likewise the next three fields.
     ttl_ms: Option<u64>,
     expires_in_ms: Option<u64>,
-    expires_at: Option<String>,
-    registered_at: String,
-    last_heartbeat_at: String,
+    expires_at: Option<Rfc3339>,
+    registered_at: Rfc3339,
+    last_heartbeat_at: Rfc3339,
     timer: Option<TimerKind>,
 }
 
@@ -88,8 +88,8 @@ pub struct ExpiredKey {
     key: Key,
     service: Option<String>,
     meta: Option<Box<RawValue>>,
-    last_heartbeat_at: String,
-    expired_at: String,
+    last_heartbeat_at: Rfc3339,
+    expired_at: Rfc3339,
 }
 
 impl From<ExpiredView> for ExpiredKey {

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use axum::routing::{get, post};
 use axum::Router;
 
-pub use crate::clock::rfc3339;
+pub use crate::clock::{rfc3339, Rfc3339};
 use crate::metrics::Metrics;
 use crate::notify::Notifier;
 use crate::registry::Registry;
@@ -28,9 +28,28 @@ use crate::stream::EventHub;
 use crate::types::Ttl;
 use error::ApiError;
 
-/// What every handler can reach.
+/// What every handler can reach, behind one `Arc`: axum clones the state for every request,
+/// and one reference count is cheaper than one per field.
 #[derive(Clone, Debug)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+impl AppState {
+    pub fn new(shared: Shared) -> Self {
+        Self(Arc::new(shared))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// The state's fields.
+#[derive(Debug)]
+pub struct Shared {
     pub registry: Arc<Registry>,
     /// TTL of a heartbeat that names none (`--default-ttl`).
     pub default_ttl: Ttl,
@@ -84,9 +103,6 @@ pub fn app(state: AppState) -> Router {
         .route(ROUTES[13].0, get(dashboard::dashboard))
         .fallback(|| async { ApiError::RouteNotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            observe::record,
-        ))
+        .layer(observe::RecordLayer(Arc::clone(&state.metrics)))
         .with_state(state)
 }

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::error::ApiError;
 use super::extract::QueryParams;
 use super::keys::page_limit;
-use super::{rfc3339, AppState};
+use super::{rfc3339, AppState, Rfc3339};
 use crate::notify::dead_letters::DeadLetter;
 use crate::notify::endpoint::EndpointStatus;
 use crate::notify::{Notifier, RetryError};
@@ -44,7 +44,7 @@ struct WebhookView {
     dropped: Dropped,
     oldest_pending_age_ms: Option<u64>,
     last_error: Option<LastErrorView>,
-    last_delivered_at: Option<String>,
+    last_delivered_at: Option<Rfc3339>,
 }
 
 #[derive(Debug, Serialize)]
@@ -55,7 +55,7 @@ struct Dropped {
 
 #[derive(Debug, Serialize)]
 struct LastErrorView {
-    at: String,
+    at: Rfc3339,
     event_id: String,
     message: String,
 }
@@ -157,7 +157,7 @@ struct DeadLetterView {
     key: String,
     attempts: u32,
     last_error: String,
-    failed_at: String,
+    failed_at: Rfc3339,
     /// The webhook body that was (to be) sent.
     payload: Value,
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 
-use crate::clock::rfc3339;
+use crate::clock::{rfc3339, Rfc3339};
 use crate::events::{Event, EventData};
 
 /// One event on its way to the webhook URLs.
@@ -40,7 +40,7 @@ impl Message {
 #[derive(Debug, Serialize)]
 pub struct Payload<'a> {
     r#type: &'static str,
-    timestamp: String,
+    timestamp: Rfc3339,
     data: EventData<'a>,
 }
 

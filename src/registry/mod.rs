@@ -316,6 +316,14 @@ impl Registry {
         })
     }
 
+    /// Heartbeats applied since start (a batch counts each item).
+    pub fn heartbeats_total(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|shard| shard.0.lock().heartbeats())
+            .sum()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -191,6 +191,9 @@ pub(super) struct Shard {
     n_stale: usize,
     /// Keys whose timer is the wheel (for metrics; the heap knows its own size).
     n_wheel: usize,
+    /// Heartbeats applied, counted here under the lock already held: a shared atomic would
+    /// bounce its cache line between cores on every heartbeat.
+    heartbeats: u64,
     /// Stale elements allowed per key before renewals remove old elements eagerly.
     stale_per_key: usize,
     /// Stale elements this shard may hold regardless of its size.
@@ -215,6 +218,7 @@ impl Shard {
             hasher,
             n_stale: 0,
             n_wheel: 0,
+            heartbeats: 0,
             stale_per_key: ctx.config.stale_per_key,
             stale_slack: ctx.config.stale_slack,
             alive_by_service: Vec::new(),
@@ -233,6 +237,11 @@ impl Shard {
         (self.n_wheel, self.heap.len())
     }
 
+    /// Heartbeats applied so far.
+    pub fn heartbeats(&self) -> u64 {
+        self.heartbeats
+    }
+
     /// Registers or renews `key` for `ttl_ms`. `service`: `None` keeps the stored one.
     #[allow(clippy::too_many_arguments)] // one call site; a struct would only rename them
     pub fn heartbeat(
@@ -245,6 +254,7 @@ impl Shard {
         ctx: &Ctx<'_>,
         now: Now,
     ) -> Renewal {
+        self.heartbeats += 1;
         let now_ms = now.ms;
         let deadline_ms = now.deadline_ms(ttl_ms);
         let timer = TimerKind::for_ttl(ttl_ms, ctx.config.max_ttl_s);

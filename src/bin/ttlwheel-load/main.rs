@@ -226,7 +226,9 @@ async fn run(cli: Cli) -> Result<bool, String> {
                 heap_fraction: args.heap_fraction,
                 stop_fraction: args.stop_fraction,
                 connections: args.connections,
-                prefix: "soak-".into(),
+                // A prefix of this run's own, so that deliveries left over from an earlier run
+                // (retried by the server) count as foreign, not as false expirations.
+                prefix: format!("soak-{:08x}-", fastrand::u32(..)),
                 seed: cli.seed,
             };
             eprintln!("soak: {} keys for {:?}", settings.keys, settings.duration);

@@ -12,13 +12,16 @@ use axum::Router;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+/// The `type` of an expiry webhook.
+pub const EXPIRED: &str = "key.expired";
+
 /// One delivery as received.
 #[derive(Debug)]
 pub struct Arrival {
     pub at: Instant,
     /// The `webhook-id` header: the same on every retry of one event.
     pub id: String,
-    /// `expired`, `deleted` or `registered`.
+    /// `key.expired`, `key.deleted` or `key.registered`.
     pub kind: String,
     pub key: String,
 }
@@ -77,7 +80,8 @@ mod tests {
     #[tokio::test]
     async fn a_delivery_is_stamped_and_parsed_over_real_http() {
         let (address, mut arrivals) = start("127.0.0.1:0".parse().unwrap()).await.unwrap();
-        let body = br#"{"type":"expired","timestamp":"t","data":{"key":"soak-7","service":null}}"#;
+        let body =
+            br#"{"type":"key.expired","timestamp":"t","data":{"key":"soak-7","service":null}}"#;
         let mut request = crate::wire::post_json("x", "/hook", body);
         // Insert the id header after the request line.
         let at = request.windows(2).position(|w| w == b"\r\n").unwrap() + 2;
@@ -94,7 +98,7 @@ mod tests {
                 arrival.kind.as_str(),
                 arrival.key.as_str()
             ),
-            ("msg_1", "expired", "soak-7")
+            ("msg_1", EXPIRED, "soak-7")
         );
         assert!(arrival.at >= before);
     }

@@ -300,10 +300,11 @@ pub async fn run(
         let prefix = settings.prefix.clone();
         tokio::spawn(async move {
             while let Some(arrival) = arrivals.recv().await {
-                if arrival.kind == "expired" {
-                    let key = workload::key_index(&arrival.key, &prefix).map(|key| key as usize);
-                    ledger.lock().expired(key, &arrival.id, arrival.at);
-                }
+                // Anything but an expiry of one of our keys is counted as foreign.
+                let key = workload::key_index(&arrival.key, &prefix)
+                    .filter(|_| arrival.kind == crate::receiver::EXPIRED)
+                    .map(|key| key as usize);
+                ledger.lock().expired(key, &arrival.id, arrival.at);
             }
         })
     };

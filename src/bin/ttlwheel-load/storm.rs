@@ -31,9 +31,6 @@ pub struct Settings {
     pub seed: u64,
 }
 
-const STORM_PREFIX: &str = "storm-";
-const LIVE_PREFIX: &str = "live-";
-
 #[derive(Debug, serde::Serialize)]
 pub struct Outcome {
     pub keys: u64,
@@ -41,6 +38,8 @@ pub struct Outcome {
     pub expired: u64,
     pub duplicates: u64,
     pub false_expirations: u64,
+    /// Deliveries of keys of no key of this run (left over from an earlier one).
+    pub foreign: u64,
     /// From the earliest possible expiry (registration start + TTL) to the first and the last
     /// webhook of a storm key.
     pub first_webhook_ms: f64,
@@ -63,10 +62,13 @@ pub async fn run(
     settings: Settings,
     mut arrivals: tokio::sync::mpsc::UnboundedReceiver<Arrival>,
 ) -> Result<Outcome, String> {
+    // Prefixes of this run's own: deliveries left over from an earlier run are not ours.
+    let run = fastrand::u32(..);
+    let (storm_prefix, live_prefix) = (format!("storm-{run:08x}-"), format!("live-{run:08x}-"));
     eprintln!("storm: preloading {} live keys", settings.live_keys);
     register(
         &settings.address,
-        LIVE_PREFIX,
+        &live_prefix,
         settings.live_keys,
         settings.live_ttl,
         settings.register_connections,
@@ -80,7 +82,7 @@ pub async fn run(
         Arc::clone(&phases),
         Arc::new(SingleHeartbeats {
             host: settings.address.clone(),
-            prefix: LIVE_PREFIX.into(),
+            prefix: live_prefix.clone(),
             keys: settings.live_keys,
             ttl: settings.live_ttl,
         }),
@@ -98,7 +100,7 @@ pub async fn run(
     let register_started = Instant::now();
     register(
         &settings.address,
-        STORM_PREFIX,
+        &storm_prefix,
         settings.keys,
         settings.ttl,
         settings.register_connections,
@@ -117,6 +119,7 @@ pub async fn run(
 
     let mut seen = vec![false; settings.keys as usize];
     let (mut expired, mut duplicates, mut false_expirations) = (0u64, 0u64, 0u64);
+    let mut foreign = 0u64;
     let (mut first, mut last) = (None, None);
     let give_up = storm_starts + settings.timeout;
     while expired < settings.keys {
@@ -124,10 +127,15 @@ pub async fn run(
             Ok(Some(arrival)) => arrival,
             Ok(None) | Err(_) => break,
         };
-        if arrival.kind != "expired" {
+        if arrival.kind != crate::receiver::EXPIRED {
+            false_expirations += 1; // the server sends only expiries: anything else is wrong
             continue;
         }
-        if let Some(index) = workload::key_index(&arrival.key, STORM_PREFIX) {
+        if !arrival.key.starts_with(&storm_prefix) && !arrival.key.starts_with(&live_prefix) {
+            foreign += 1;
+            continue;
+        }
+        if let Some(index) = workload::key_index(&arrival.key, &storm_prefix) {
             match seen.get_mut(index as usize) {
                 Some(seen @ false) => {
                     *seen = true;
@@ -164,6 +172,7 @@ pub async fn run(
         expired,
         duplicates,
         false_expirations,
+        foreign,
         first_webhook_ms: since_start(first),
         last_webhook_ms: since_start(last),
         webhooks_per_s,

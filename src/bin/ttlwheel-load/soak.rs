@@ -255,15 +255,15 @@ fn path_of(settings: &Settings, key: u64) -> Path {
 }
 
 /// When each key stops, if it does: uniformly in the part of the run that leaves time for its
-/// window to close before the end.
+/// window to close before the end, and never before its first heartbeat (due within one
+/// interval, TTL/3, of the start).
 fn stop_plan(
     settings: &Settings,
     rng: &mut fastrand::Rng,
 ) -> Result<Vec<Option<Duration>>, String> {
-    let tail = settings.wheel.ttl.max(settings.heap.ttl)
-        + settings.wheel.grace.max(settings.heap.grace)
-        + Duration::from_secs(3);
-    let first = settings.duration / 20;
+    let longest_ttl = settings.wheel.ttl.max(settings.heap.ttl);
+    let tail = longest_ttl + settings.wheel.grace.max(settings.heap.grace) + Duration::from_secs(3);
+    let first = (settings.duration / 20).max(longest_ttl);
     if settings.duration <= first + tail {
         return Err(format!(
             "the soak must be longer than {:?} so that stopped keys' windows close before its end",
@@ -580,12 +580,12 @@ mod tests {
         let latest_window_end = Duration::from_secs(6) + Duration::from_millis(1050);
         assert!(stops
             .iter()
-            .all(|&stop| stop >= Duration::from_secs(3)
+            .all(|&stop| stop >= Duration::from_secs(6)
                 && stop + latest_window_end < settings.duration));
         assert_eq!(path_of(&settings, 0), Path::Heap);
         assert_eq!(path_of(&settings, 9_999), Path::Wheel);
         let short = Settings {
-            duration: Duration::from_secs(10),
+            duration: Duration::from_secs(15),
             ..settings
         };
         assert!(stop_plan(&short, &mut fastrand::Rng::with_seed(7)).is_err());

@@ -38,6 +38,13 @@ pub struct Config {
     #[arg(long, env = "TTLWHEEL_LISTEN", default_value = "127.0.0.1:7878")]
     pub listen: SocketAddr,
 
+    /// Threads that serve requests and run the ticker and webhook delivery (0: one per core).
+    /// `1` runs everything on one event loop, as Redis does: on a small machine shared with
+    /// other busy processes it avoids waking a second thread for each request.
+    #[arg(long, env = "TTLWHEEL_THREADS", default_value_t = 0,
+          value_parser = clap::value_parser!(u16).range(0..=1024))]
+    pub threads: u16,
+
     /// Longest TTL, in seconds, held by the per-second timing wheel (1..=86400). Whole-second
     /// TTLs up to it are O(1); any other TTL (up to 365 days) goes to the heap.
     #[arg(long, env = "TTLWHEEL_MAX_TTL", default_value_t = 3600,

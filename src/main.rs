@@ -6,10 +6,26 @@ use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 use ttlwheel::config::{Config, LogFormat};
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let config = Config::parse();
     init_tracing(config.log_format);
+    let mut runtime = match config.threads {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        0 => tokio::runtime::Builder::new_multi_thread(),
+        threads => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(usize::from(threads));
+            builder
+        }
+    };
+    let runtime = runtime
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    runtime.block_on(serve(config))
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
     let listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;

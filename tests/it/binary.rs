@@ -17,6 +17,7 @@ fn bad_flag_values_fail_fast_with_a_message() {
         &["--webhook-concurrency", "0"],
         &["--webhook-max-attempts", "0"],
         &["--webhook-events", "expired,renewed"],
+        &["--threads", "many"],
     ] {
         let output = Command::new(BINARY).args(args).output().expect("runs");
         assert!(!output.status.success(), "{args:?} accepted");
@@ -59,6 +60,7 @@ fn help_documents_every_flag_and_its_environment_variable() {
     let help = String::from_utf8_lossy(&output.stdout);
     for flag in [
         "--listen",
+        "--threads",
         "--max-ttl",
         "--default-ttl",
         "--expired-retention",
@@ -79,6 +81,7 @@ fn help_documents_every_flag_and_its_environment_variable() {
     }
     for env in [
         "TTLWHEEL_LISTEN",
+        "TTLWHEEL_THREADS",
         "TTLWHEEL_MAX_TTL",
         "TTLWHEEL_DEFAULT_TTL",
         "TTLWHEEL_EXPIRED_RETENTION",
@@ -96,8 +99,16 @@ fn help_documents_every_flag_and_its_environment_variable() {
 
 #[test]
 fn the_binary_logs_where_it_listens_serves_and_exits_zero_on_sigterm() {
+    // One thread per core (the default) and the single event loop of `--threads 1`.
+    for threads in ["0", "1"] {
+        serves_and_exits_zero_on_sigterm(threads);
+    }
+}
+
+fn serves_and_exits_zero_on_sigterm(threads: &str) {
     let mut child = Command::new(BINARY)
         .env("TTLWHEEL_LISTEN", "127.0.0.1:0")
+        .env("TTLWHEEL_THREADS", threads)
         .env_remove("RUST_LOG")
         .stderr(Stdio::piped())
         .spawn()

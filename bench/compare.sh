@@ -87,7 +87,8 @@ cargo build --release --bins -q
 ROWS=()
 row() { ROWS+=("| $* |"); }
 
-# ---- ttlwheel: single heartbeats and batches on 1M keys ----
+# ---- ttlwheel: single heartbeats and batches on 1M keys (default threads: one per core),
+# then single heartbeats on one event loop (`--threads 1`, as Redis runs) ----
 say "ttlwheel: registering $KEYS keys, then single heartbeats"
 start_ttlwheel
 rss0=$(rss_kb "$TW_PID")
@@ -100,6 +101,11 @@ $LOAD --target "127.0.0.1:$TW_PORT" heartbeat --keys "$KEYS" --prefix key: --ttl
 say "ttlwheel: batches"
 $LOAD --target "127.0.0.1:$TW_PORT" batch --keys "$KEYS" --prefix key: --ttl ${TTL_S}s \
     --connections 4 --duration "$DURATION" --no-preload | tee "$OUT/ttlwheel-batch.log"
+stop "$TW_PID"
+say "ttlwheel --threads 1: single heartbeats"
+start_ttlwheel --threads 1
+$LOAD --target "127.0.0.1:$TW_PORT" heartbeat --keys "$KEYS" --prefix key: --ttl ${TTL_S}s \
+    --connections "$CONNECTIONS" --duration "$DURATION" | tee "$OUT/ttlwheel-heartbeat-1thread.log"
 stop "$TW_PID"
 
 # ---- ttlwheel: soak (expiry lateness, false expirations) ----
@@ -121,6 +127,8 @@ stop "$TW_PID"
 h="$OUT/ttlwheel-heartbeat.log" b="$OUT/ttlwheel-batch.log" s="$OUT/ttlwheel-soak.log"
 TW_LATENESS="wheel $(fmt "$(result "$s" wheel_lateness.p50)") / $(fmt "$(result "$s" wheel_lateness.p99)") ms; heap $(fmt "$(result "$s" heap_lateness.p50)" 1) / $(fmt "$(result "$s" heap_lateness.p99)" 1) ms"
 row "ttlwheel | \`POST /v1/heartbeats\` | $CONNECTIONS | $(fmt "$(result "$h" requests_per_s)") | $(result "$h" latency.p50) | $(result "$h" latency.p99) | $TW_BYTES_PER_KEY | $TW_LATENESS"
+h1="$OUT/ttlwheel-heartbeat-1thread.log"
+row "ttlwheel \`--threads 1\` | \`POST /v1/heartbeats\` | $CONNECTIONS | $(fmt "$(result "$h1" requests_per_s)") | $(result "$h1" latency.p50) | $(result "$h1" latency.p99) | (same) | (same)"
 row "ttlwheel | \`POST /v1/heartbeats/batch?results=errors\`, 1,000 per request | 4 | $(fmt "$(result "$b" heartbeats_per_s)") heartbeats/s | $(result "$b" latency.p50) (per request) | $(result "$b" latency.p99) | (same) | (same)"
 
 # ---- Redis 7 ----

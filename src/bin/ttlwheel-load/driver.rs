@@ -3,7 +3,8 @@
 //!
 //! Time is split into phases that the caller moves through (`Phases::set`): every request is
 //! counted and timed in the phase it started in, so one run yields e.g. "before the storm" and
-//! "during the storm" separately. Phase [`STOP`] ends the run.
+//! "during the storm" separately. Phase [`PAUSE`] holds every connection idle; [`STOP`] ends
+//! the run.
 
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,6 +18,8 @@ use crate::stats::Durations;
 use crate::wire::{Conn, Response};
 
 pub const STOP: usize = usize::MAX;
+/// Connections send nothing while this is the phase (and keep their connections open).
+pub const PAUSE: usize = usize::MAX - 1;
 
 /// What one connection sends and how it judges the answer.
 pub trait Workload: Send + Sync + 'static {
@@ -115,6 +118,10 @@ async fn connection(
         let phase = phases.get();
         if phase == STOP {
             return stats;
+        }
+        if phase == PAUSE {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            continue;
         }
         let phase_stats = &mut stats[phase.min(n_phases - 1)];
         let Some(open) = connected(&mut conn, &address).await else {

@@ -253,7 +253,7 @@ async fn run(cli: Cli) -> Result<bool, String> {
                 address: target,
                 keys: args.keys,
                 ttl: args.ttl,
-                register_connections: 4,
+                register_connections: 8,
                 live_keys: args.live_keys,
                 live_connections: args.live_connections,
                 live_ttl: Ttl(Duration::from_secs(60)),
@@ -269,6 +269,10 @@ async fn run(cli: Cli) -> Result<bool, String> {
                 outcome.expired,
                 outcome.duplicates,
                 outcome.false_expirations
+            );
+            println!(
+                "storm: expired per second (server clock): {:?}",
+                outcome.expired_per_second
             );
             println!(
                 "storm: first webhook {:.0} ms, last webhook {:.0} ms after the earliest deadline ({:.0}/s)",

@@ -24,6 +24,8 @@ pub struct Arrival {
     /// `key.expired`, `key.deleted` or `key.registered`.
     pub kind: String,
     pub key: String,
+    /// `data.occurred_at` as the server wrote it (RFC 3339, ms), when present.
+    pub occurred_at: Option<String>,
 }
 
 /// Starts the receiver on `bind`; deliveries come out of the returned channel.
@@ -47,8 +49,14 @@ async fn deliver(
 ) -> StatusCode {
     let at = Instant::now();
     match parse(&headers, &body) {
-        Some((id, kind, key)) => {
-            let _ = sender.send(Arrival { at, id, kind, key });
+        Some((id, kind, key, occurred_at)) => {
+            let _ = sender.send(Arrival {
+                at,
+                id,
+                kind,
+                key,
+                occurred_at,
+            });
             StatusCode::NO_CONTENT
         }
         // Not a delivery we understand: refuse it visibly (it would be a bug in one side).
@@ -56,7 +64,10 @@ async fn deliver(
     }
 }
 
-fn parse(headers: &HeaderMap, body: &[u8]) -> Option<(String, String, String)> {
+/// `(webhook id, type, key, occurred_at)` of a delivery.
+type Parsed = (String, String, String, Option<String>);
+
+fn parse(headers: &HeaderMap, body: &[u8]) -> Option<Parsed> {
     #[derive(serde::Deserialize)]
     struct Payload<'a> {
         #[serde(borrow)]
@@ -67,10 +78,17 @@ fn parse(headers: &HeaderMap, body: &[u8]) -> Option<(String, String, String)> {
     struct Data<'a> {
         #[serde(borrow)]
         key: std::borrow::Cow<'a, str>,
+        #[serde(borrow, default)]
+        occurred_at: Option<&'a str>,
     }
     let id = headers.get("webhook-id")?.to_str().ok()?.to_owned();
     let payload: Payload<'_> = serde_json::from_slice(body).ok()?;
-    Some((id, payload.r#type.to_owned(), payload.data.key.into_owned()))
+    Some((
+        id,
+        payload.r#type.to_owned(),
+        payload.data.key.into_owned(),
+        payload.data.occurred_at.map(str::to_owned),
+    ))
 }
 
 #[cfg(test)]
@@ -81,7 +99,7 @@ mod tests {
     async fn a_delivery_is_stamped_and_parsed_over_real_http() {
         let (address, mut arrivals) = start("127.0.0.1:0".parse().unwrap()).await.unwrap();
         let body =
-            br#"{"type":"key.expired","timestamp":"t","data":{"key":"soak-7","service":null}}"#;
+            br#"{"type":"key.expired","timestamp":"t","data":{"key":"soak-7","service":null,"occurred_at":"2026-11-21T10:00:01.250Z"}}"#;
         let mut request = crate::wire::post_json("x", "/hook", body);
         // Insert the id header after the request line.
         let at = request.windows(2).position(|w| w == b"\r\n").unwrap() + 2;
@@ -101,6 +119,10 @@ mod tests {
             ("msg_1", EXPIRED, "soak-7")
         );
         assert!(arrival.at >= before);
+        assert_eq!(
+            arrival.occurred_at.as_deref(),
+            Some("2026-11-21T10:00:01.250Z")
+        );
     }
 
     #[test]

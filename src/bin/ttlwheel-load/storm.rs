@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::driver::{Load, PhaseStats, Phases, STOP};
+use crate::driver::{Load, PhaseStats, Phases, PAUSE, STOP};
 use crate::receiver::Arrival;
 use crate::stats::Summary;
 use crate::workload::{self, Ttl};
@@ -40,6 +40,8 @@ pub struct Outcome {
     pub false_expirations: u64,
     /// Deliveries of keys of no key of this run (left over from an earlier one).
     pub foreign: u64,
+    /// Storm keys expired in each second (server clock) that saw any, in order.
+    pub expired_per_second: Vec<u64>,
     /// From the earliest possible expiry (registration start + TTL) to the first and the last
     /// webhook of a storm key.
     pub first_webhook_ms: f64,
@@ -54,9 +56,8 @@ pub struct Outcome {
 }
 
 const BASELINE: usize = 0;
-const REGISTERING: usize = 1;
-const WAITING: usize = 2;
-const STORM: usize = 3;
+const WAITING: usize = 1;
+const STORM: usize = 2;
 
 pub async fn run(
     settings: Settings,
@@ -92,7 +93,10 @@ pub async fn run(
     tokio::time::sleep(settings.baseline).await;
     let baseline_took = baseline_started.elapsed();
 
-    phases.set(REGISTERING);
+    // The background load pauses while the storm keys are registered, so that registration is
+    // as fast as the server allows and the keys share one or two wheel ticks; it resumes
+    // before any of them can expire.
+    phases.set(PAUSE);
     eprintln!(
         "storm: registering {} keys with ttl {:?}",
         settings.keys, settings.ttl.0
@@ -120,6 +124,8 @@ pub async fn run(
     let mut seen = vec![false; settings.keys as usize];
     let (mut expired, mut duplicates, mut false_expirations) = (0u64, 0u64, 0u64);
     let mut foreign = 0u64;
+    // Storm keys expired per second of the server's clock (`occurred_at` to the second).
+    let mut per_second = std::collections::BTreeMap::<String, u64>::new();
     let (mut first, mut last) = (None, None);
     let give_up = storm_starts + settings.timeout;
     while expired < settings.keys {
@@ -141,6 +147,10 @@ pub async fn run(
                     *seen = true;
                     expired += 1;
                     first.get_or_insert(arrival.at);
+                    let second = arrival.occurred_at.as_deref().and_then(|t| t.get(..19));
+                    *per_second
+                        .entry(second.unwrap_or("?").to_owned())
+                        .or_default() += 1;
                     last = Some(arrival.at);
                 }
                 Some(true) => duplicates += 1,
@@ -173,6 +183,7 @@ pub async fn run(
         duplicates,
         false_expirations,
         foreign,
+        expired_per_second: per_second.into_values().collect(),
         first_webhook_ms: since_start(first),
         last_webhook_ms: since_start(last),
         webhooks_per_s,

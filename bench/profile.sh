@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Profiles the server on the single-heartbeat path: a frame-pointer release build under
+# `ttlwheel-load heartbeat`, sampled by `perf record`, drawn as a flame graph by inferno, and
+# summed into the categories BENCHMARKS.md quotes. Needs Debian's linux-perf (installed if
+# missing; root) and inferno (`cargo install inferno`, done if missing).
+#
+# Output: target/profile/heartbeat.svg and target/profile/summary.txt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=target/profile
+PORT=17979
+mkdir -p "$OUT"
+command -v perf >/dev/null || { apt-get update -qq && apt-get install -y -qq linux-perf >/dev/null; }
+command -v inferno-flamegraph >/dev/null || cargo install -q inferno
+RUSTFLAGS="-C force-frame-pointers=yes" cargo build --release -q --bins --target-dir "$OUT/build"
+"$OUT/build/release/ttlwheel" --listen "127.0.0.1:$PORT" >"$OUT/server.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null || true' EXIT
+sleep 0.5
+"$OUT/build/release/ttlwheel-load" --target "127.0.0.1:$PORT" heartbeat --keys 1000000 \
+    --connections 50 --duration 14s --warmup 1s >"$OUT/load.log" 2>&1 &
+LOAD=$!
+sleep 8 # past the preload of 1M keys and the warm-up
+perf record -g -e cpu-clock -F 2000 -p "$SERVER" -o "$OUT/perf.data" -- sleep 6 2>/dev/null
+wait "$LOAD" || true
+perf script -i "$OUT/perf.data" 2>/dev/null | inferno-collapse-perf >"$OUT/heartbeat.folded"
+inferno-flamegraph --title "ttlwheel: POST /v1/heartbeats, 50 connections" \
+    <"$OUT/heartbeat.folded" >"$OUT/heartbeat.svg"
+python3 - "$OUT/heartbeat.folded" <<'PY' | tee "$OUT/summary.txt"
+import collections, sys
+# Each sample once, in the first category its stack matches (order matters: syscalls first).
+categories = [
+    ("kernel: send (writev, incl. loopback delivery)", ("writev",)),
+    ("kernel: receive (recv)", ("recv",)),
+    ("kernel: epoll / futex / scheduling", ("epoll_wait", "futex", "schedule")),
+    ("registry (Registry::heartbeat)", ("Registry::heartbeat",)),
+    ("request body and JSON parsing", ("JsonBytes", "parse_json")),
+    ("handler rest (validation, answer, serialization)", ("heartbeats_post", "HeartbeatResponse")),
+    ("request metrics layer", ("observe::Record",)),
+    ("malloc / free", ("malloc", "free")),
+    ("hyper and axum (HTTP/1 codec, routing)", ("hyper", "axum")),
+]
+totals, total = collections.Counter(), 0
+for line in open(sys.argv[1]):
+    stack, count = line.rsplit(" ", 1)
+    count = int(count)
+    total += count
+    name = next((n for n, keys in categories if any(k in stack for k in keys)), "other")
+    totals[name] += count
+for name, count in totals.most_common():
+    print(f"{100 * count / total:5.1f}%  {name}")
+PY
+grep -E "req/s|latency" "$OUT/load.log"

@@ -6,12 +6,13 @@
 # Every server binds to 127.0.0.1 only and is stopped by PID when the script exits. Missing
 # peers are installed from Debian's packages (needs root).
 #
-# Knobs (environment): DURATION (20s per throughput run), CONNECTIONS (50), KEYS (1000000),
+# Knobs (environment): DURATION (10s per throughput run), ROUNDS (3), CONNECTIONS (50), KEYS (1000000),
 # SOAK_DURATION (10m), SOAK_KEYS (100000), STORM_KEYS (1000000), ETCD_LEASES (10000), OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DURATION=${DURATION:-20s}
+DURATION=${DURATION:-10s}
+ROUNDS=${ROUNDS:-3}
 CONNECTIONS=${CONNECTIONS:-50}
 KEYS=${KEYS:-1000000}
 SOAK_DURATION=${SOAK_DURATION:-10m}
@@ -20,7 +21,7 @@ STORM_KEYS=${STORM_KEYS:-1000000}
 ETCD_LEASES=${ETCD_LEASES:-10000}
 OUT=${OUT:-target/bench-compare}
 TTL_S=30
-TW_PORT=17878 RECEIVER=127.0.0.1:19797 REDIS_PORT=16379 ETCD_PORT=12379 ETCD_PEER_PORT=12380
+TW_PORT=17878 TW1_PORT=17879 RECEIVER=127.0.0.1:19797 REDIS_PORT=16379 ETCD_PORT=12379 ETCD_PEER_PORT=12380
 
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -70,7 +71,7 @@ wait_http() { # url
 }
 
 start_ttlwheel() { # extra flags...
-    target/release/ttlwheel --listen "127.0.0.1:$TW_PORT" "$@" >"$OUT/ttlwheel.log" 2>&1 &
+    target/release/ttlwheel --listen "127.0.0.1:$TW_PORT" "$@" >>"$OUT/ttlwheel-$TW_PORT.log" 2>&1 &
     TW_PID=$!
     PIDS+=("$TW_PID")
     wait_http "http://127.0.0.1:$TW_PORT/healthz"
@@ -87,52 +88,23 @@ cargo build --release --bins -q
 ROWS=()
 row() { ROWS+=("| $* |"); }
 
-# ---- ttlwheel: single heartbeats and batches on 1M keys (default threads: one per core),
-# then single heartbeats on one event loop (`--threads 1`, as Redis runs) ----
-say "ttlwheel: registering $KEYS keys, then single heartbeats"
+# ---- Throughput: every system preloaded with $KEYS keys, then the runs alternate ----
+# The machine is shared and its speed drifts by tens of percent over minutes, so the
+# throughput runs take turns, ROUNDS times, and the table shows each one's median.
+say "ttlwheel: registering $KEYS keys (one worker per core)"
 start_ttlwheel
+TW_DEFAULT=$TW_PID
 rss0=$(rss_kb "$TW_PID")
 $LOAD --target "127.0.0.1:$TW_PORT" heartbeat --keys "$KEYS" --prefix key: --ttl ${TTL_S}s \
     --connections 1 --duration 1s --warmup 0s >"$OUT/ttlwheel-preload.log" 2>&1
 rss1=$(rss_kb "$TW_PID")
 TW_BYTES_PER_KEY=$(( (rss1 - rss0) * 1024 / KEYS ))
-$LOAD --target "127.0.0.1:$TW_PORT" heartbeat --keys "$KEYS" --prefix key: --ttl ${TTL_S}s \
-    --connections "$CONNECTIONS" --duration "$DURATION" --no-preload | tee "$OUT/ttlwheel-heartbeat.log"
-say "ttlwheel: batches"
-$LOAD --target "127.0.0.1:$TW_PORT" batch --keys "$KEYS" --prefix key: --ttl ${TTL_S}s \
-    --connections 4 --duration "$DURATION" --no-preload | tee "$OUT/ttlwheel-batch.log"
-stop "$TW_PID"
-say "ttlwheel --threads 1: single heartbeats"
-start_ttlwheel --threads 1
-$LOAD --target "127.0.0.1:$TW_PORT" heartbeat --keys "$KEYS" --prefix key: --ttl ${TTL_S}s \
-    --connections "$CONNECTIONS" --duration "$DURATION" | tee "$OUT/ttlwheel-heartbeat-1thread.log"
-stop "$TW_PID"
-
-# ---- ttlwheel: soak (expiry lateness, false expirations) ----
-say "ttlwheel: soak, $SOAK_KEYS keys for $SOAK_DURATION"
-start_ttlwheel --webhook-url "http://$RECEIVER/hook"
-soak_status=0
-$LOAD --target "127.0.0.1:$TW_PORT" soak --keys "$SOAK_KEYS" --duration "$SOAK_DURATION" \
-    --receiver "$RECEIVER" | tee "$OUT/ttlwheel-soak.log" || soak_status=$?
-stop "$TW_PID"
-
-# ---- ttlwheel: storm ----
-say "ttlwheel: storm, $STORM_KEYS keys expiring in the same second"
-start_ttlwheel --webhook-url "http://$RECEIVER/hook"
-storm_status=0
-$LOAD --target "127.0.0.1:$TW_PORT" storm --keys "$STORM_KEYS" --receiver "$RECEIVER" \
-    | tee "$OUT/ttlwheel-storm.log" || storm_status=$?
-stop "$TW_PID"
-
-h="$OUT/ttlwheel-heartbeat.log" b="$OUT/ttlwheel-batch.log" s="$OUT/ttlwheel-soak.log"
-TW_LATENESS="wheel $(fmt "$(result "$s" wheel_lateness.p50)") / $(fmt "$(result "$s" wheel_lateness.p99)") ms; heap $(fmt "$(result "$s" heap_lateness.p50)" 1) / $(fmt "$(result "$s" heap_lateness.p99)" 1) ms"
-row "ttlwheel | \`POST /v1/heartbeats\` | $CONNECTIONS | $(fmt "$(result "$h" requests_per_s)") | $(result "$h" latency.p50) | $(result "$h" latency.p99) | $TW_BYTES_PER_KEY | $TW_LATENESS"
-h1="$OUT/ttlwheel-heartbeat-1thread.log"
-row "ttlwheel \`--threads 1\` | \`POST /v1/heartbeats\` | $CONNECTIONS | $(fmt "$(result "$h1" requests_per_s)") | $(result "$h1" latency.p50) | $(result "$h1" latency.p99) | (same) | (same)"
-row "ttlwheel | \`POST /v1/heartbeats/batch?results=errors\`, 1,000 per request | 4 | $(fmt "$(result "$b" heartbeats_per_s)") heartbeats/s | $(result "$b" latency.p50) (per request) | $(result "$b" latency.p99) | (same) | (same)"
-
-# ---- Redis 7 ----
-say "redis: $KEYS keys, SET EX unpipelined and -P 16"
+say "ttlwheel --threads 1: registering $KEYS keys"
+TW_PORT=$TW1_PORT start_ttlwheel --threads 1
+TW_ONE=$TW_PID
+$LOAD --target "127.0.0.1:$TW1_PORT" heartbeat --keys "$KEYS" --prefix key: --ttl ${TTL_S}s \
+    --connections 1 --duration 1s --warmup 0s >"$OUT/ttlwheel-1thread-preload.log" 2>&1
+say "redis: registering $KEYS keys"
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
     --notify-keyspace-events Ex >"$OUT/redis.log" 2>&1 &
 REDIS_PID=$!
@@ -142,32 +114,53 @@ rss0=$(rss_kb "$REDIS_PID")
 python3 bench/redis_keys.py "$KEYS" "$TTL_S" | redis-cli -p "$REDIS_PORT" --pipe >"$OUT/redis-preload.log"
 rss1=$(rss_kb "$REDIS_PID")
 REDIS_BYTES_PER_KEY=$(( (rss1 - rss0) * 1024 / KEYS ))
-redis_bench() { # label, extra flags
+redis_bench() { # log name, extra flags
     # redis-benchmark runs a number of requests, not a time: aim at about $DURATION.
     local seconds rate=70000
     [[ -n "$2" ]] && rate=400000
     seconds=$(python3 -c "import sys; print(int(sys.argv[1].rstrip('s')))" "$DURATION")
-    local requests=$(( seconds * rate ))
-    redis-benchmark -p "$REDIS_PORT" -c "$CONNECTIONS" -n "$requests" -r "$KEYS" $2 --csv \
-        SET key:__rand_int__ val EX "$TTL_S" 2>/dev/null | tail -1 | tee "$OUT/redis-$1.csv"
+    redis-benchmark -p "$REDIS_PORT" -c "$CONNECTIONS" -n $(( seconds * rate )) -r "$KEYS" $2 --csv \
+        SET key:__rand_int__ val EX "$TTL_S" 2>/dev/null | tail -1 >"$OUT/$1.csv"
 }
-redis_bench unpipelined ""
-redis_bench pipelined "-P 16"
-csv() { python3 -c "import csv,sys; r=list(csv.reader(open(sys.argv[1])))[-1]; print(r[int(sys.argv[2])])" "$@"; }
-say "redis: expiry lateness (10,000 keys, no other keys; then beside 90,000 live keys)"
-redis-cli -p "$REDIS_PORT" flushall >/dev/null
-$LOAD --target "127.0.0.1:$REDIS_PORT" redis-expiry --keys 10000 --live-keys 0 --ttl 5s \
-    | tee "$OUT/redis-expiry.log" || true
-redis-cli -p "$REDIS_PORT" flushall >/dev/null
-$LOAD --target "127.0.0.1:$REDIS_PORT" redis-expiry --keys 10000 --live-keys 90000 --ttl 5s --wait 60s \
-    | tee "$OUT/redis-expiry-live.log" || true
+for round in $(seq "$ROUNDS"); do
+    say "throughput round $round of $ROUNDS"
+    $LOAD --target "127.0.0.1:$TW_PORT" heartbeat --keys "$KEYS" --prefix key: --ttl ${TTL_S}s \
+        --connections "$CONNECTIONS" --duration "$DURATION" --no-preload >"$OUT/ttlwheel-heartbeat-$round.log"
+    redis_bench "redis-unpipelined-$round" ""
+    $LOAD --target "127.0.0.1:$TW1_PORT" heartbeat --keys "$KEYS" --prefix key: --ttl ${TTL_S}s \
+        --connections "$CONNECTIONS" --duration "$DURATION" --no-preload >"$OUT/ttlwheel-1thread-heartbeat-$round.log"
+    redis_bench "redis-pipelined-$round" "-P 16"
+    $LOAD --target "127.0.0.1:$TW_PORT" batch --keys "$KEYS" --prefix key: --ttl ${TTL_S}s \
+        --connections 4 --duration "$DURATION" --no-preload >"$OUT/ttlwheel-batch-$round.log"
+    grep -h -E "^(heartbeat|batch): [0-9]" "$OUT/ttlwheel-heartbeat-$round.log" \
+        "$OUT/ttlwheel-1thread-heartbeat-$round.log" "$OUT/ttlwheel-batch-$round.log" >&2
+    cut -d, -f1,2 "$OUT/redis-unpipelined-$round.csv" "$OUT/redis-pipelined-$round.csv" >&2
+done
+stop "$TW_DEFAULT"
+stop "$TW_ONE"
 stop "$REDIS_PID"
-r="$OUT/redis-expiry.log" rl="$OUT/redis-expiry-live.log"
-REDIS_LATENESS="$(fmt "$(result "$r" lateness.p50)") / $(fmt "$(result "$r" lateness.p99)") ms; beside 90k live keys: $(fmt "$(result "$rl" lateness.p50)") / $(fmt "$(result "$rl" lateness.p99)") ms, $(result "$rl" missing) of 10,000 not expired after 60 s"
-row "Redis 7 | \`SET key val EX $TTL_S\` | $CONNECTIONS | $(fmt "$(csv "$OUT/redis-unpipelined.csv" 1)") | $(csv "$OUT/redis-unpipelined.csv" 4) | $(csv "$OUT/redis-unpipelined.csv" 6) | $REDIS_BYTES_PER_KEY | $REDIS_LATENESS"
-row "Redis 7 | \`SET key val EX $TTL_S\`, \`-P 16\` | $CONNECTIONS | $(fmt "$(csv "$OUT/redis-pipelined.csv" 1)") | $(csv "$OUT/redis-pipelined.csv" 4) | $(csv "$OUT/redis-pipelined.csv" 6) | (same) | (same)"
 
-# ---- etcd 3.4 ----
+# The median over the rounds of a field of the tool's RESULT lines, or of a CSV column.
+median_result() { # log prefix, field
+    local values=()
+    for round in $(seq "$ROUNDS"); do values+=("$(result "$OUT/$1-$round.log" "$2")"); done
+    python3 -c "import statistics, sys; print(statistics.median(map(float, sys.argv[1:])))" "${values[@]}"
+}
+median_csv() { # csv prefix, column
+    python3 - "$OUT" "$1" "$2" "$ROUNDS" <<'PY'
+import csv, statistics, sys
+out, prefix, column, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+values = [float(list(csv.reader(open(f"{out}/{prefix}-{r}.csv")))[-1][column]) for r in range(1, rounds + 1)]
+print(statistics.median(values))
+PY
+}
+TW_HB=$(median_result ttlwheel-heartbeat requests_per_s)
+TW1_HB=$(median_result ttlwheel-1thread-heartbeat requests_per_s)
+TW_BATCH=$(median_result ttlwheel-batch heartbeats_per_s)
+REDIS_HB=$(median_csv redis-unpipelined 1)
+REDIS_P16=$(median_csv redis-pipelined 1)
+
+# ---- etcd 3.4: keep-alive throughput and memory ----
 say "etcd: $ETCD_LEASES leases with a key each, keep-alive through the gateway"
 rm -rf "$OUT/etcd-data"
 etcd --name bench --data-dir "$OUT/etcd-data" \
@@ -187,6 +180,46 @@ say "etcd: expiry lateness (1,000 keys beside 9,000 live ones)"
 $LOAD --target "127.0.0.1:$ETCD_PORT" etcd-expiry --keys 1000 --live-keys 9000 --ttl 5s \
     | tee "$OUT/etcd-expiry.log" || true
 stop "$ETCD_PID"
+
+# ---- Expiry: ttlwheel's soak and storm, Redis's keyspace notifications ----
+say "ttlwheel: soak, $SOAK_KEYS keys for $SOAK_DURATION"
+start_ttlwheel --webhook-url "http://$RECEIVER/hook"
+soak_status=0
+$LOAD --target "127.0.0.1:$TW_PORT" soak --keys "$SOAK_KEYS" --duration "$SOAK_DURATION" \
+    --receiver "$RECEIVER" | tee "$OUT/ttlwheel-soak.log" || soak_status=$?
+stop "$TW_PID"
+
+say "ttlwheel: storm, $STORM_KEYS keys expiring in the same second"
+start_ttlwheel --webhook-url "http://$RECEIVER/hook"
+storm_status=0
+$LOAD --target "127.0.0.1:$TW_PORT" storm --keys "$STORM_KEYS" --receiver "$RECEIVER" \
+    | tee "$OUT/ttlwheel-storm.log" || storm_status=$?
+stop "$TW_PID"
+
+say "redis: expiry lateness (10,000 keys, no other keys; then beside 90,000 live keys)"
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+    --notify-keyspace-events Ex >>"$OUT/redis.log" 2>&1 &
+REDIS_PID=$!
+PIDS+=("$REDIS_PID")
+for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+$LOAD --target "127.0.0.1:$REDIS_PORT" redis-expiry --keys 10000 --live-keys 0 --ttl 5s \
+    | tee "$OUT/redis-expiry.log" || true
+redis-cli -p "$REDIS_PORT" flushall >/dev/null
+$LOAD --target "127.0.0.1:$REDIS_PORT" redis-expiry --keys 10000 --live-keys 90000 --ttl 5s --wait 60s \
+    | tee "$OUT/redis-expiry-live.log" || true
+stop "$REDIS_PID"
+
+# ---- rows ----
+s="$OUT/ttlwheel-soak.log"
+TW_LATENESS="wheel $(fmt "$(result "$s" wheel_lateness.p50)") / $(fmt "$(result "$s" wheel_lateness.p99)") ms; heap $(fmt "$(result "$s" heap_lateness.p50)" 1) / $(fmt "$(result "$s" heap_lateness.p99)" 1) ms"
+median_ms() { fmt "$(median_result "$1" "$2")" 3; }
+row "ttlwheel | \`POST /v1/heartbeats\` | $CONNECTIONS | $(fmt "$TW_HB") | $(median_ms ttlwheel-heartbeat latency.p50) | $(median_ms ttlwheel-heartbeat latency.p99) | $TW_BYTES_PER_KEY | $TW_LATENESS"
+row "ttlwheel \`--threads 1\` | \`POST /v1/heartbeats\` | $CONNECTIONS | $(fmt "$TW1_HB") | $(median_ms ttlwheel-1thread-heartbeat latency.p50) | $(median_ms ttlwheel-1thread-heartbeat latency.p99) | (same) | (same)"
+row "ttlwheel | \`POST /v1/heartbeats/batch?results=errors\`, 1,000 per request | 4 | $(fmt "$TW_BATCH") heartbeats/s | $(median_ms ttlwheel-batch latency.p50) (per request) | $(median_ms ttlwheel-batch latency.p99) | (same) | (same)"
+r="$OUT/redis-expiry.log" rl="$OUT/redis-expiry-live.log"
+REDIS_LATENESS="$(fmt "$(result "$r" lateness.p50)") / $(fmt "$(result "$r" lateness.p99)") ms; beside 90k live keys: $(fmt "$(result "$rl" lateness.p50)") / $(fmt "$(result "$rl" lateness.p99)") ms, $(result "$rl" missing) of 10,000 not expired after 60 s"
+row "Redis 7 | \`SET key val EX $TTL_S\` | $CONNECTIONS | $(fmt "$REDIS_HB") | $(fmt "$(median_csv redis-unpipelined 4)" 3) | $(fmt "$(median_csv redis-unpipelined 6)" 3) | $REDIS_BYTES_PER_KEY | $REDIS_LATENESS"
+row "Redis 7 | \`SET key val EX $TTL_S\`, \`-P 16\` | $CONNECTIONS | $(fmt "$REDIS_P16") | $(fmt "$(median_csv redis-pipelined 4)" 3) | $(fmt "$(median_csv redis-pipelined 6)" 3) | (same) | (same)"
 wrk_field() { awk -v k="$1" '$1 == k {print $2}' "$OUT/etcd-wrk.log" | head -1; }
 to_ms() { python3 -c "
 import sys; v=sys.argv[1]
@@ -195,6 +228,7 @@ for unit, factor in (('us', 0.001), ('ms', 1), ('s', 1000)):
         print(round(float(v[:-len(unit)]) * factor, 3)); break" "$1"; }
 e="$OUT/etcd-expiry.log"
 row "etcd 3.4 | \`POST /v3/lease/keepalive\` (gateway, wrk) | $CONNECTIONS | $(fmt "$(awk '/^Requests\/sec/ {print $2}' "$OUT/etcd-wrk.log")") | $(to_ms "$(wrk_field 50%)") | $(to_ms "$(wrk_field 99%)") | $ETCD_BYTES_PER_KEY (at $(fmt "$ETCD_LEASES") leases) | $(fmt "$(result "$e" lateness.p50)") / $(fmt "$(result "$e" lateness.p99)") ms"
+RATIOS="Ratios (medians of $ROUNDS alternating rounds): single heartbeat $(python3 -c "import sys; print(f'{float(sys.argv[1])/float(sys.argv[3]):.2f}x Redis, {float(sys.argv[2])/float(sys.argv[3]):.2f}x with --threads 1')" "$TW_HB" "$TW1_HB" "$REDIS_HB"); batch $(python3 -c "import sys; print(f'{float(sys.argv[1])/float(sys.argv[2]):.1f}x Redis -P 16')" "$TW_BATCH" "$REDIS_P16"); memory $(python3 -c "import sys; print(f'{int(sys.argv[1])/int(sys.argv[2]):.2f}x Redis')" "$TW_BYTES_PER_KEY" "$REDIS_BYTES_PER_KEY")."
 
 # ---- the table ----
 {
@@ -203,6 +237,8 @@ row "etcd 3.4 | \`POST /v3/lease/keepalive\` (gateway, wrk) | $CONNECTIONS | $(f
     echo "| system | operation | connections | ops/s | p50 ms | p99 ms | bytes/key at $(fmt "$KEYS") keys | expiry lateness p50 / p99 |"
     echo "|---|---|---|---|---|---|---|---|"
     printf '%s\n' "${ROWS[@]}"
+    echo
+    echo "$RATIOS"
     echo
     sed -n 's/^soak: /- soak: /p' "$OUT/ttlwheel-soak.log"
     sed -n 's/^storm: /- storm: /p' "$OUT/ttlwheel-storm.log"

@@ -166,6 +166,10 @@ impl Slots {
         self.entries.get(slot as usize)?.as_ref()
     }
 
+    fn get_mut(&mut self, slot: SlotId) -> Option<&mut Entry> {
+        self.entries.get_mut(slot as usize)?.as_mut()
+    }
+
     fn entry(&self, slot: SlotId) -> &Entry {
         self.get(slot).expect("slot is live")
     }
@@ -599,11 +603,13 @@ impl Shard {
         match timer {
             Timer::Wheel { tick, pos } if self.wheel.holds(tick) && self.too_many_stale() => {
                 if let Some((moved, from)) = self.wheel.remove(tick, pos) {
-                    let moved_timer = &mut self.slots.entry_mut(moved).timer;
-                    // Only the moved slot's current element records its position; a stale
-                    // element of it may be the one that moved.
-                    if moved_timer.get() == (Timer::Wheel { tick, pos: from }) {
-                        moved_timer.pos = pos;
+                    // Only the moved slot's current element records its position. The element
+                    // that moved may be stale: left by a renewal of a key that is live, or of
+                    // a key since deleted or expired, whose slot is now free (or reused).
+                    if let Some(moved_entry) = self.slots.get_mut(moved) {
+                        if moved_entry.timer.get() == (Timer::Wheel { tick, pos: from }) {
+                            moved_entry.timer.pos = pos;
+                        }
                     }
                 }
             }

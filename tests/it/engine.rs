@@ -107,6 +107,35 @@ fn renewing_into_the_same_bucket_keeps_the_exact_deadline() {
     assert_eq!(harness.drained_keys(EventKind::Expired), ["k"]);
 }
 
+/// Found by the load tool's storm: a mass renewal leaves many stale wheel elements, the mass
+/// expiry that follows frees their slots, and the shard switches to removing elements eagerly.
+/// An eager removal can then move a stale element of a freed slot; that must not panic, and
+/// every key must still expire exactly once, on time.
+#[test]
+fn an_eager_removal_that_moves_a_stale_element_of_a_freed_slot_loses_nothing() {
+    let mut harness = Harness::with_config(ttlwheel::registry::RegistryConfig {
+        max_ttl_s: 60,
+        shards: 1,
+        stale_per_key: 0,
+        stale_slack: 1, // the first stale element is kept, every later removal is eager
+        ..ttlwheel::registry::RegistryConfig::default()
+    });
+    harness.heartbeat("a", 10_000); // bucket of 10 s: [a]
+    harness.heartbeat("b", 10_000); // [a, b]
+    harness.heartbeat("b", 20_000); // b's element in the 10 s bucket is now stale
+    assert!(harness.registry.delete(&key_of("b"), harness.now())); // b's slot is freed
+                                                                   // Renewing a removes its element at once, and the stale element of b moves into its place.
+    harness.heartbeat("a", 20_000);
+    harness.heartbeat("c", 10_000); // may reuse b's slot
+    harness.advance(10_000);
+    assert_eq!(harness.drained_keys(EventKind::Expired), ["c"]);
+    assert!(harness.alive("a"));
+    harness.advance(10_000);
+    assert_eq!(harness.drained_keys(EventKind::Expired), ["a"]);
+    harness.advance(60_000);
+    assert!(harness.drain().is_empty());
+}
+
 #[test]
 fn renewals_across_the_wrap_around_never_expire_and_a_stopped_key_expires_once() {
     let mut harness = Harness::new(3); // 5 buckets: the wheel wraps every 5 s

@@ -386,4 +386,21 @@ proptest! {
     fn the_registry_behaves_like_a_map_of_deadlines_with_eager_removal(ops in prop::collection::vec(op(), 1..120)) {
         run(&ops, Harness::eager(MAX_TTL_S));
     }
+
+    /// The same switching between the two: a few stale elements are kept, then removals turn
+    /// eager, so eager removals meet stale elements of keys renewed, deleted or expired before
+    /// (the case a mass expiry after a mass renewal produced under load).
+    #[test]
+    fn the_registry_behaves_like_a_map_of_deadlines_switching_to_eager_removal(
+        ops in prop::collection::vec(op(), 1..120),
+        stale_slack in 1usize..6,
+    ) {
+        run(&ops, Harness::with_config(ttlwheel::registry::RegistryConfig {
+            max_ttl_s: MAX_TTL_S,
+            shards: 1,
+            stale_per_key: 0,
+            stale_slack,
+            ..ttlwheel::registry::RegistryConfig::default()
+        }));
+    }
 }

@@ -452,7 +452,7 @@ async fn closed_loop(
             started.elapsed().as_secs_f64()
         );
     }
-    const WARMUP: usize = 0;
+    // Phase 0 is the warm-up (counted apart and not reported), phase 1 the measured run.
     const MEASURED: usize = 1;
     let phases = Arc::new(Phases::default());
     let load = Load::start(
@@ -471,7 +471,6 @@ async fn closed_loop(
     let took = started.elapsed();
     let stats = load.finish().await;
     let measured = &stats[MEASURED];
-    let _ = WARMUP;
     let outcome = ClosedLoopOutcome {
         connections: args.connections,
         seconds: took.as_secs_f64(),

@@ -115,7 +115,7 @@ pub async fn run(
         "storm: renewing the {} storm keys with TTL {:?}",
         settings.keys, settings.ttl.0
     );
-    let register_started = Instant::now();
+    let renew_started = Instant::now();
     register(
         &settings.address,
         &storm_prefix,
@@ -124,9 +124,9 @@ pub async fn run(
         settings.register_connections,
     )
     .await?;
-    let register_took = register_started.elapsed();
+    let renew_took = renew_started.elapsed();
     phases.set(WAITING);
-    let storm_starts = register_started + settings.ttl.0;
+    let storm_starts = renew_started + settings.ttl.0;
     let phase_switch = {
         let phases = Arc::clone(&phases);
         tokio::spawn(async move {
@@ -192,7 +192,7 @@ pub async fn run(
     };
     Ok(Outcome {
         keys: settings.keys,
-        renew_ms: crate::stats::ms(register_took),
+        renew_ms: crate::stats::ms(renew_took),
         expired,
         duplicates,
         false_expirations,

@@ -93,7 +93,12 @@ impl ApiError {
 
     /// The `{"error":{...}}` body, also used for per-item errors in a batch.
     pub fn body(&self) -> serde_json::Value {
-        json!({ "error": { "code": self.code(), "message": self.to_string() } })
+        json!({ "error": self.detail() })
+    }
+
+    /// The inside of [`ApiError::body`]: `{"code", "message"}` (a batch's failed items carry it).
+    pub fn detail(&self) -> serde_json::Value {
+        json!({ "code": self.code(), "message": self.to_string() })
     }
 }
 

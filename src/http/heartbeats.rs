@@ -140,7 +140,7 @@ pub async fn heartbeats_batch(
                     Ok(_) => answer.accepted += 1,
                     Err(error) => answer.errors.push(BatchError {
                         index,
-                        error: error.body()["error"].take(),
+                        error: error.detail(),
                     }),
                 }
             }

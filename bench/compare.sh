@@ -83,7 +83,7 @@ fmt() { python3 -c "import sys; v=float(sys.argv[1]); print(f'{v:,.${2:-0}f}')" 
 
 ensure_packages
 say "building"
-cargo build --release --bins -q
+cargo build --release -q -p ttlwheel -p ttlwheel-load
 
 ROWS=()
 row() { ROWS+=("| $* |"); }

@@ -12,7 +12,7 @@ PORT=17979
 mkdir -p "$OUT"
 command -v perf >/dev/null || { apt-get update -qq && apt-get install -y -qq linux-perf >/dev/null; }
 command -v inferno-flamegraph >/dev/null || cargo install -q inferno
-RUSTFLAGS="-C force-frame-pointers=yes" cargo build --release -q --bins --target-dir "$OUT/build"
+RUSTFLAGS="-C force-frame-pointers=yes" cargo build --release -q -p ttlwheel -p ttlwheel-load --target-dir "$OUT/build"
 "$OUT/build/release/ttlwheel" --listen "127.0.0.1:$PORT" >"$OUT/server.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT

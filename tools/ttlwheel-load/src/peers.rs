@@ -365,7 +365,9 @@ async fn etcd_lease_key(
 }
 
 pub async fn etcd_expiry(address: &str, args: &ExpiryArgs) -> Result<ExpiryOutcome, String> {
-    ttlwheel::notify::install_tls_provider();
+    // Only needed when a workspace-wide build unifies reqwest's rustls feature in; an error
+    // means a provider is already installed.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let base = format!("http://{address}");
     let client = reqwest::Client::builder()
         .no_proxy()

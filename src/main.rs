@@ -1,5 +1,7 @@
 //! The `ttlwheel` binary: flags to [`Config`], logging, bind, [`ttlwheel::run`].
 
+use std::io::IsTerminal;
+
 use anyhow::Context;
 use clap::Parser;
 use tokio::net::TcpListener;
@@ -38,11 +40,13 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Logs to stderr, at `info` unless `RUST_LOG` says otherwise.
+/// Logs to stderr, at `info` unless `RUST_LOG` says otherwise. Text is coloured only when stderr
+/// is a terminal: a log redirected to a file or a collector gets no escape codes.
 fn init_tracing(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),

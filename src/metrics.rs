@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use crate::events::{Event, EventKind};
 use crate::notify::Notifier;
 use crate::registry::Registry;
+use crate::routes;
 use crate::stream::EventHub;
 
 /// Services shown by name in `ttlwheel_service_keys_alive`; the rest are summed.
@@ -59,9 +60,8 @@ pub struct Metrics {
     pub expiry_lateness: Histogram,
     pub sweep_duration: Histogram,
     pub http_requests: Family<RequestLabels, Counter>,
-    /// Request latency by route: one histogram per route of [`crate::http::ROUTES`] (same
-    /// order) and a last one for unmatched requests, resolved at start so that timing a
-    /// request takes no lock.
+    /// Request latency by route: one histogram per route of [`routes::ALL`] and a last one for
+    /// unmatched requests, resolved at start so that timing a request takes no lock.
     route_durations: Vec<(&'static str, Histogram)>,
 }
 
@@ -82,45 +82,46 @@ impl Metrics {
         let http_duration = Family::<RouteLabels, Histogram>::new_with_constructor(
             latency_histogram as fn() -> Histogram,
         );
-        let route_durations = crate::http::ROUTES
+        let route_durations = routes::ALL
             .iter()
-            .map(|(route, _)| *route)
+            .map(|route| route.path)
             .chain([UNMATCHED_ROUTE])
             .map(|route| {
                 let histogram = http_duration.get_or_create(&RouteLabels { route }).clone();
                 (route, histogram)
             })
             .collect();
+        // `register` ends each help text with a full stop of its own: give it none.
         let mut registry = prometheus_client::registry::Registry::default();
         registry.register(
             "ttlwheel_registrations",
-            "Keys created by a heartbeat.",
+            "Keys created by a heartbeat",
             registrations.clone(),
         );
-        registry.register("ttlwheel_expirations", "Keys expired.", expirations.clone());
+        registry.register("ttlwheel_expirations", "Keys expired", expirations.clone());
         registry.register(
             "ttlwheel_deletions",
-            "Keys deleted by a client.",
+            "Keys deleted by a client",
             deletions.clone(),
         );
         registry.register(
             "ttlwheel_expiry_lateness_seconds",
-            "Time from a key's deadline to its eviction.",
+            "Time from a key's deadline to its eviction",
             expiry_lateness.clone(),
         );
         registry.register(
             "ttlwheel_sweep_duration_seconds",
-            "Duration of one sweep step of the ticker (bounded work).",
+            "Duration of one sweep step of the ticker (bounded work)",
             sweep_duration.clone(),
         );
         registry.register(
             "ttlwheel_http_requests",
-            "HTTP requests by route template, method and status.",
+            "HTTP requests by route template, method and status",
             http_requests.clone(),
         );
         registry.register(
             "ttlwheel_http_request_duration_seconds",
-            "HTTP request latency by route template, to the response head.",
+            "HTTP request latency by route template, to the response head",
             http_duration.clone(),
         );
         registry.register_collector(Box::new(live));
@@ -157,8 +158,8 @@ impl Metrics {
         self.sweep_duration.observe(took.as_secs_f64());
     }
 
-    /// The index of a route template in [`crate::http::ROUTES`] (the unmatched slot when it is
-    /// none of them), for [`Metrics::observe_request`].
+    /// The index of a route template in `route_durations` (the unmatched slot when it is none
+    /// of the routes), for [`Metrics::observe_request`].
     pub fn route_index(&self, template: Option<&str>) -> usize {
         let unmatched = self.route_durations.len() - 1;
         template
@@ -325,6 +326,7 @@ impl Live {
         let mut counts: Vec<(String, u64)> = self
             .registry
             .service_counts()
+            .services
             .into_iter()
             .map(|c| (c.service.as_str().to_owned(), c.alive))
             .collect();

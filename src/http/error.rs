@@ -26,6 +26,9 @@ pub enum ApiError {
     InvalidTtl(String),
     #[error("{0}")]
     InvalidQuery(String),
+    /// A path parameter that cannot be read (not UTF-8 once percent-decoded).
+    #[error("{0}")]
+    InvalidPath(String),
     #[error("a batch holds at most {max} heartbeats, this one has {got}")]
     BatchTooLarge { max: usize, got: usize },
     #[error("{0}")]
@@ -36,8 +39,9 @@ pub enum ApiError {
     DeadLetterNotFound(String),
     #[error("{0}")]
     WebhookQueueFull(String),
-    #[error("no such route")]
-    RouteNotFound,
+    /// The message may carry a hint (a key with an unencoded `/`).
+    #[error("{0}")]
+    RouteNotFound(String),
     #[error("method not allowed on this route")]
     MethodNotAllowed,
     #[error("request body larger than {limit} bytes")]
@@ -58,9 +62,10 @@ impl ApiError {
             | Self::InvalidMeta(_)
             | Self::InvalidTtl(_)
             | Self::InvalidQuery(_)
+            | Self::InvalidPath(_)
             | Self::BatchTooLarge { .. } => StatusCode::BAD_REQUEST,
             Self::TooManyServices(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::KeyNotFound | Self::DeadLetterNotFound(_) | Self::RouteNotFound => {
+            Self::KeyNotFound | Self::DeadLetterNotFound(_) | Self::RouteNotFound(_) => {
                 StatusCode::NOT_FOUND
             }
             Self::WebhookQueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -79,11 +84,12 @@ impl ApiError {
             Self::InvalidMeta(_) => "invalid_meta",
             Self::InvalidTtl(_) => "invalid_ttl",
             Self::InvalidQuery(_) => "invalid_query",
+            Self::InvalidPath(_) => "invalid_path",
             Self::BatchTooLarge { .. } => "batch_too_large",
             Self::TooManyServices(_) => "too_many_services",
             Self::KeyNotFound | Self::DeadLetterNotFound(_) => "not_found",
             Self::WebhookQueueFull(_) => "webhook_queue_full",
-            Self::RouteNotFound => "route_not_found",
+            Self::RouteNotFound(_) => "route_not_found",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::PayloadTooLarge { .. } => "payload_too_large",
             Self::UnsupportedMediaType => "unsupported_media_type",

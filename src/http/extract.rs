@@ -2,6 +2,8 @@
 //! same error format as every other mistake.
 
 use axum::body::Bytes;
+use axum::extract::path::ErrorKind;
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use axum::http::request::Parts;
@@ -73,9 +75,45 @@ fn is_json(headers: &HeaderMap) -> bool {
                 && subtype.as_bytes()[subtype.len() - 5..].eq_ignore_ascii_case(b"+json")))
 }
 
-/// Parses a JSON body; any syntax or type error (including an unknown field) is `invalid_json`.
+/// Parses a JSON object; anything else (an array, a string, a number), any syntax or type error
+/// and any unknown field is `invalid_json`.
+///
+/// The object check comes first because serde's derived structs also accept a JSON array and
+/// read it positionally: `["k1",null,5]` would otherwise be a heartbeat for `k1`.
 pub fn parse_json<'a, T: serde::Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ApiError> {
+    let first = bytes.iter().find(|byte| !byte.is_ascii_whitespace());
+    if first.is_some_and(|&byte| byte != b'{') {
+        return Err(ApiError::InvalidJson("expected a JSON object".into()));
+    }
     serde_json::from_slice(bytes).map_err(|error| ApiError::InvalidJson(error.to_string()))
+}
+
+/// A path parameter (`{id}`) as text, percent-decoded; one that is not UTF-8 once decoded is
+/// `invalid_path`, in the API's JSON error format (axum's own rejection is plain text).
+pub struct PathParam(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for PathParam {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path(raw) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|rejection| ApiError::InvalidPath(path_problem(&rejection)))?;
+        Ok(Self(raw))
+    }
+}
+
+/// What is wrong with a path parameter, in words (axum's text names the parameter).
+fn path_problem(rejection: &PathRejection) -> String {
+    match rejection {
+        PathRejection::FailedToDeserializePathParams(inner) => match inner.kind() {
+            ErrorKind::InvalidUtf8InPathParam { key } => {
+                format!("the path parameter `{key}` is not valid UTF-8 once percent-decoded")
+            }
+            _ => inner.body_text(),
+        },
+        other => other.body_text(),
+    }
 }
 
 /// The `{key}` path segment, percent-decoded and validated.
@@ -87,9 +125,7 @@ impl<S: Send + Sync> FromRequestParts<S> for KeyPath {
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         let Path(raw) = Path::<String>::from_request_parts(parts, state)
             .await
-            .map_err(|rejection| {
-                ApiError::InvalidKey(format!("invalid key in path: {}", rejection.body_text()))
-            })?;
+            .map_err(|rejection| ApiError::InvalidKey(path_problem(&rejection)))?;
         Ok(Self(Key::new(&raw)?))
     }
 }
@@ -103,7 +139,21 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for QueryParams<T>
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         let Query(params) = Query::<T>::from_request_parts(parts, state)
             .await
-            .map_err(|rejection| ApiError::InvalidQuery(rejection.body_text()))?;
+            .map_err(|rejection| ApiError::InvalidQuery(query_problem(&rejection)))?;
         Ok(Self(params))
+    }
+}
+
+/// What is wrong with a query string, without axum's "Failed to deserialize query string: "
+/// prefix, so it reads like every other error message.
+fn query_problem(rejection: &QueryRejection) -> String {
+    match rejection {
+        QueryRejection::FailedToDeserializeQueryString(inner) => {
+            match std::error::Error::source(inner) {
+                Some(cause) => format!("query: {cause}"),
+                None => inner.body_text(),
+            }
+        }
+        other => other.body_text(),
     }
 }

@@ -24,6 +24,7 @@ pub use crate::clock::{rfc3339, Rfc3339};
 use crate::metrics::Metrics;
 use crate::notify::Notifier;
 use crate::registry::Registry;
+use crate::routes;
 use crate::stream::EventHub;
 use crate::types::Ttl;
 use error::ApiError;
@@ -60,49 +61,57 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
 }
 
-/// Every route the API serves, as `(path, methods)`: the router is built from the same paths,
-/// and the contract test checks this table against `openapi.yaml`.
-pub const ROUTES: &[(&str, &[&str])] = &[
-    ("/v1/heartbeats", &["POST"]),
-    ("/v1/heartbeats/batch", &["POST"]),
-    ("/v1/keys", &["GET"]),
-    ("/v1/keys/{key}", &["GET", "DELETE"]),
-    ("/v1/keys/{key}/ttl", &["GET", "PUT", "DELETE"]),
-    ("/v1/services", &["GET"]),
-    ("/v1/webhooks", &["GET"]),
-    ("/v1/webhooks/dead-letters", &["GET"]),
-    ("/v1/webhooks/dead-letters/{id}/retry", &["POST"]),
-    ("/healthz", &["GET"]),
-    ("/openapi.yaml", &["GET"]),
-    ("/v1/events", &["GET"]),
-    ("/metrics", &["GET"]),
-    ("/", &["GET"]),
-];
-
 /// The API router.
 pub fn app(state: AppState) -> Router {
     Router::new()
-        .route(ROUTES[0].0, post(heartbeats::heartbeats_post))
-        .route(ROUTES[1].0, post(heartbeats::heartbeats_batch))
-        .route(ROUTES[2].0, get(keys::keys_list))
-        .route(ROUTES[3].0, get(keys::keys_get).delete(keys::keys_delete))
+        .route(routes::HEARTBEATS.path, post(heartbeats::heartbeats_post))
         .route(
-            ROUTES[4].0,
+            routes::HEARTBEATS_BATCH.path,
+            post(heartbeats::heartbeats_batch),
+        )
+        .route(routes::KEYS.path, get(keys::keys_list))
+        .route(
+            routes::KEY.path,
+            get(keys::keys_get).delete(keys::keys_delete),
+        )
+        .route(
+            routes::KEY_TTL.path,
             get(keys::ttl_get)
                 .put(keys::ttl_put)
                 .delete(keys::ttl_delete),
         )
-        .route(ROUTES[5].0, get(services::services_list))
-        .route(ROUTES[6].0, get(webhooks::webhooks_status))
-        .route(ROUTES[7].0, get(webhooks::dead_letters_list))
-        .route(ROUTES[8].0, post(webhooks::dead_letter_retry))
-        .route(ROUTES[9].0, get(health::healthz))
-        .route(ROUTES[10].0, get(health::openapi_yaml))
-        .route(ROUTES[11].0, get(events::events_stream))
-        .route(ROUTES[12].0, get(observe::metrics_text))
-        .route(ROUTES[13].0, get(dashboard::dashboard))
-        .fallback(|| async { ApiError::RouteNotFound })
+        .route(routes::SERVICES.path, get(services::services_list))
+        .route(routes::WEBHOOKS.path, get(webhooks::webhooks_status))
+        .route(routes::DEAD_LETTERS.path, get(webhooks::dead_letters_list))
+        .route(
+            routes::DEAD_LETTER_RETRY.path,
+            post(webhooks::dead_letter_retry),
+        )
+        .route(routes::HEALTHZ.path, get(health::healthz))
+        .route(routes::OPENAPI.path, get(health::openapi_yaml))
+        .route(routes::EVENTS.path, get(events::events_stream))
+        .route(routes::METRICS.path, get(observe::metrics_text))
+        .route(routes::DASHBOARD.path, get(dashboard::dashboard))
+        .fallback(route_not_found)
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(observe::RecordLayer(Arc::clone(&state.metrics)))
         .with_state(state)
+}
+
+/// The answer to a path no route matches. A key path with more segments than a route has is
+/// most likely a key with an unencoded `/`, so that answer says how to send it.
+async fn route_not_found(uri: axum::http::Uri) -> ApiError {
+    let unencoded_key = uri.path().strip_prefix("/v1/keys/").and_then(|rest| {
+        let (key, route) = rest
+            .strip_suffix("/ttl")
+            .map_or((rest, ""), |key| (key, "/ttl"));
+        key.contains('/').then(|| (key.replace('/', "%2F"), route))
+    });
+    ApiError::RouteNotFound(match unencoded_key {
+        Some((encoded, route)) => format!(
+            "no such route: a key containing `/` must be percent-encoded in the path, `/` as \
+             `%2F` (e.g. /v1/keys/{encoded}{route})"
+        ),
+        None => "no such route".to_owned(),
+    })
 }

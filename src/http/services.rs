@@ -1,4 +1,5 @@
-//! `GET /v1/services`: alive and recently expired counts per service.
+//! `GET /v1/services`: alive and recently expired counts per service, for the keys without a
+//! service, and in total.
 
 use axum::extract::State;
 use axum::Json;
@@ -14,14 +15,35 @@ pub struct ServiceEntry {
 }
 
 #[derive(Debug, Serialize)]
+pub struct Counts {
+    alive: u64,
+    expired: u64,
+}
+
+#[derive(Debug, Serialize)]
 pub struct ServicesResponse {
     services: Vec<ServiceEntry>,
+    /// Keys registered without a service: in no service's counts.
+    without_service: Counts,
+    /// Every key: the services' counts plus `without_service`.
+    total: Counts,
 }
 
 pub async fn services_list(State(state): State<AppState>) -> Json<ServicesResponse> {
-    let services = state
-        .registry
-        .service_counts()
+    let overview = state.registry.service_counts();
+    let unassigned = overview.without_service;
+    let total = overview.services.iter().fold(
+        Counts {
+            alive: unassigned.alive,
+            expired: unassigned.expired,
+        },
+        |total, counts| Counts {
+            alive: total.alive + counts.alive,
+            expired: total.expired + counts.expired,
+        },
+    );
+    let services = overview
+        .services
         .into_iter()
         .map(|counts| ServiceEntry {
             service: counts.service.as_str().to_owned(),
@@ -29,5 +51,12 @@ pub async fn services_list(State(state): State<AppState>) -> Json<ServicesRespon
             expired: counts.expired,
         })
         .collect();
-    Json(ServicesResponse { services })
+    Json(ServicesResponse {
+        services,
+        without_service: Counts {
+            alive: unassigned.alive,
+            expired: unassigned.expired,
+        },
+        total,
+    })
 }

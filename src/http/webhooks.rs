@@ -1,6 +1,6 @@
 //! `/v1/webhooks`: delivery status per URL, dead letters, and their re-sending.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
@@ -8,7 +8,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use super::error::ApiError;
-use super::extract::QueryParams;
+use super::extract::{PathParam, QueryParams};
 use super::keys::page_limit;
 use super::{rfc3339, AppState, Rfc3339};
 use crate::notify::dead_letters::DeadLetter;
@@ -208,7 +208,7 @@ pub struct RetryResponse {
 /// `POST /v1/webhooks/dead-letters/{id}/retry`: 202 once queued again.
 pub async fn dead_letter_retry(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    PathParam(id): PathParam,
 ) -> Result<(StatusCode, Json<RetryResponse>), ApiError> {
     let not_found = || ApiError::DeadLetterNotFound(format!("no dead letter with id {id}"));
     let number: u64 = id.parse().map_err(|_| not_found())?;

@@ -33,7 +33,6 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::events::{EventKind, EventReceiver};
-use crate::registry::Registry;
 use dead_letters::{DeadLetter, DeadLetters};
 use endpoint::{Delivery, Endpoint, EndpointStatus};
 use message::{Message, MessageIds};
@@ -93,9 +92,10 @@ pub struct Notifier {
 }
 
 impl Notifier {
-    /// Subscribes to `registry`'s events and starts delivering. With no URL configured it
-    /// subscribes to nothing and starts no task.
-    pub fn start(settings: Settings, registry: &Registry) -> Result<Arc<Self>, NotifyError> {
+    /// Starts delivering the events that arrive on `events` (a subscription to the registry's
+    /// bus). With no URL configured it drops the subscription (the bus prunes it) and starts no
+    /// task.
+    pub fn start(settings: Settings, events: EventReceiver) -> Result<Arc<Self>, NotifyError> {
         let dead_letters = Arc::new(DeadLetters::new(settings.dead_letters_max));
         let endpoints: Arc<[Arc<Endpoint>]> = settings
             .urls
@@ -139,7 +139,7 @@ impl Notifier {
             .collect();
         *notifier.deliverers.lock() = deliverers;
         *notifier.dispatcher.lock() = Some(tokio::spawn(dispatch(
-            registry.subscribe(),
+            events,
             endpoints,
             settings.events,
             notifier.stop.subscribe(),

@@ -215,6 +215,22 @@ pub struct ServiceCounts {
     pub expired: u64,
 }
 
+/// Alive and listed-expired counts of a set of keys.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeyCounts {
+    pub alive: u64,
+    pub expired: u64,
+}
+
+/// The services overview: every service with keys, and the keys that have no service (they
+/// are in no service's counts, but they are alive or expired all the same).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServicesOverview {
+    /// In name order; only services with an alive or listed-expired key.
+    pub services: Vec<ServiceCounts>,
+    pub without_service: KeyCounts,
+}
+
 /// Everything one shard operation needs besides the shard.
 struct Ctx<'a> {
     config: &'a RegistryConfig,
@@ -483,8 +499,9 @@ impl Registry {
         self.services.lookup(name)
     }
 
-    /// Alive and recently expired counts for every service that has either.
-    pub fn service_counts(&self) -> Vec<ServiceCounts> {
+    /// Alive and recently expired counts for every service that has either, and for the keys
+    /// without a service.
+    pub fn service_counts(&self) -> ServicesOverview {
         // One pass over the shards (one lock each), whatever the number of services.
         let (mut alive, mut expired) = (Vec::new(), Vec::new());
         for shard in self.shards.iter() {
@@ -503,7 +520,13 @@ impl Registry {
             .filter(|counts| counts.alive + counts.expired > 0)
             .collect();
         counts.sort_by(|a, b| a.service.cmp(&b.service));
-        counts
+        ServicesOverview {
+            services: counts,
+            without_service: KeyCounts {
+                alive: count(&alive, ServiceId::NONE),
+                expired: count(&expired, ServiceId::NONE),
+            },
+        }
     }
 
     /// Expires what is due at `now`: every wheel tick up to `now` in order (none is ever skipped,

@@ -1,4 +1,4 @@
-//! Service names, interned: each entry stores a 4-byte [`ServiceId`] instead of the name.
+//! Service names, interned: each entry stores a 2-byte [`ServiceId`] instead of the name.
 //!
 //! The table only grows (a name, once seen, keeps its id) and is capped at [`MAX_SERVICES`] names
 //! so that a client inventing a new name per request cannot exhaust memory.
@@ -9,12 +9,13 @@ use parking_lot::RwLock;
 
 use crate::types::ServiceName;
 
-/// Most distinct service names the registry accepts.
-pub const MAX_SERVICES: usize = 65_536;
+/// Most distinct service names the registry accepts: every id but [`ServiceId::NONE`] fits in
+/// the 16 bits an entry keeps for it.
+pub const MAX_SERVICES: usize = u16::MAX as usize;
 
 /// A service's index in the table; `ServiceId::NONE` means "no service".
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct ServiceId(u32);
+pub struct ServiceId(u16);
 
 impl ServiceId {
     pub const NONE: Self = Self(0);
@@ -59,7 +60,9 @@ impl ServiceTable {
             return Err(ServiceTableFull);
         }
         inner.names.push(name.clone());
-        let id = ServiceId(inner.names.len() as u32);
+        let id = ServiceId(
+            u16::try_from(inner.names.len()).expect("at most MAX_SERVICES = u16::MAX names"),
+        );
         inner.ids.insert(name.clone(), id);
         Ok(id)
     }

@@ -45,6 +45,7 @@ try {
     { key: "search/node-1", service: "search", ttl_s: 30 },
     { key: "search/node-2", service: "search", ttl_s: 30 },
     { key: "payments/gw-1", service: "payments", ttl_ms: 90_000 },
+    { key: "cron/nightly", ttl_s: 120 },
   ];
   for (const body of fleet) await heartbeat(body);
   for (const { key } of fleet) {
@@ -73,7 +74,9 @@ try {
   await page.waitForFunction(() => !document.querySelector('#alive tr[data-key="checkout/worker-1"]'));
   await page.waitForFunction(() =>
     document.querySelector('#services tr[data-service="checkout"]')?.cells[2]?.textContent === "1");
-  await page.waitForFunction(() => document.querySelector("#total-alive").textContent === "5");
+  // Every alive key counts in the header, the one without a service too, and says so.
+  await page.waitForFunction(() => document.querySelector("#total-alive").textContent === "6");
+  assert.equal(await page.textContent("#without-service"), "(1 without a service)");
 
   step("screenshots, light and dark");
   await page.screenshot({ path: `${outDir}/dashboard.png` });

@@ -335,10 +335,17 @@ async fn a_key_that_stops_heartbeating_moves_from_the_alive_list_to_the_expired_
         .as_str()
         .unwrap()
         .ends_with('Z'));
+    server
+        .post("/v1/heartbeats", json!({"key": "loner", "ttl_s": 60}))
+        .await;
     let services = server.get("/v1/services").await.1;
     assert_eq!(
         services,
-        json!({"services": [{"service": "jobs", "alive": 1, "expired": 1}]})
+        json!({
+            "services": [{"service": "jobs", "alive": 1, "expired": 1}],
+            "without_service": {"alive": 1, "expired": 0},
+            "total": {"alive": 2, "expired": 1},
+        })
     );
     // Registering again takes it off the expired list.
     server

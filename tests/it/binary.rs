@@ -127,14 +127,15 @@ fn serves_and_exits_zero_on_sigterm(threads: &str) {
         .enable_all()
         .build()
         .unwrap();
-    let health = runtime.block_on(async {
+    let (health, metrics) = runtime.block_on(async {
         ttlwheel::notify::install_tls_provider();
-        reqwest::get(format!("http://{address}/healthz"))
-            .await
-            .expect("served")
-            .status()
+        let get = |path: &str| reqwest::get(format!("http://{address}{path}"));
+        let health = get("/healthz").await.expect("served").status();
+        let metrics = get("/metrics").await.expect("served").text().await;
+        (health, metrics.expect("metrics text"))
     });
     assert_eq!(health, reqwest::StatusCode::OK);
+    crate::contract::assert_documented(&metrics);
 
     let killed = Command::new("kill")
         .arg("-TERM")
@@ -153,6 +154,13 @@ fn serves_and_exits_zero_on_sigterm(threads: &str) {
     assert_eq!(status.code(), Some(0));
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
     assert!(rest.iter().any(|line| line.contains("SIGTERM")), "{rest:?}");
+    // stderr is a pipe here, not a terminal: plain text, no colour codes.
+    for line in std::iter::once(&line).chain(&rest) {
+        assert!(
+            !line.contains('\x1b'),
+            "an escape code in a redirected log: {line:?}"
+        );
+    }
 }
 
 /// Kills the server if the test fails before it exits, so no process outlives the test.

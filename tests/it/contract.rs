@@ -15,6 +15,11 @@ use ttlwheel::config::{Config, WebhookEvent};
 const METHODS: [&str; 5] = ["GET", "POST", "PUT", "DELETE", "PATCH"];
 
 fn spec() -> Value {
+    static SPEC: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
+    SPEC.get_or_init(read_spec).clone()
+}
+
+fn read_spec() -> Value {
     let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.yaml"))
         .expect("openapi.yaml");
     let documents = YamlLoader::load_from_str(&text).expect("valid YAML");
@@ -60,13 +65,63 @@ fn spec_routes(spec: &Value) -> BTreeSet<(String, String)> {
     routes
 }
 
+/// Fails unless every `(route, method, status)` that a server answered, as its
+/// `ttlwheel_http_requests_total` metric records them, is described by `openapi.yaml`: a
+/// route's own status in its operation's responses, a method a route does not serve by the
+/// shared `MethodNotAllowed` response, a path no route matches by `RouteNotFound`. Every
+/// `TestServer` calls it when it stops, so every status the whole suite observes is checked.
+pub fn assert_documented(metrics_text: &str) {
+    let spec = spec();
+    let undocumented: Vec<String> = crate::exposition::samples(metrics_text)
+        .into_iter()
+        .filter(|(name, _, value)| name == "ttlwheel_http_requests_total" && *value > 0.0)
+        .map(|(_, labels, _)| {
+            (
+                labels["route"].clone(),
+                labels["method"].clone(),
+                labels["status"].clone(),
+            )
+        })
+        .filter(|(route, method, status)| !is_documented(&spec, route, method, status))
+        .map(|(route, method, status)| format!("{method} {route} -> {status}"))
+        .collect();
+    assert!(
+        undocumented.is_empty(),
+        "answers that openapi.yaml does not describe: {undocumented:?}"
+    );
+}
+
+fn is_documented(spec: &Value, route: &str, method: &str, status: &str) -> bool {
+    let shared = |name: &str, code: &str| {
+        status == code
+            && spec
+                .pointer(&format!("/components/responses/{name}"))
+                .is_some()
+    };
+    if route == ttlwheel::metrics::UNMATCHED_ROUTE {
+        return shared("RouteNotFound", "404");
+    }
+    // HEAD is answered by a route's GET handler, without the body.
+    let method = if method == "HEAD" {
+        "get".to_owned()
+    } else {
+        method.to_lowercase()
+    };
+    let operation = format!("/paths/{}/{method}", pointer_escape(route));
+    match spec.pointer(&operation) {
+        Some(operation) => operation["responses"].get(status).is_some(),
+        None => shared("MethodNotAllowed", "405"),
+    }
+}
+
 fn served_routes() -> BTreeSet<(String, String)> {
-    ttlwheel::http::ROUTES
+    ttlwheel::routes::ALL
         .iter()
-        .flat_map(|(path, methods)| {
-            methods
+        .flat_map(|route| {
+            route
+                .methods
                 .iter()
-                .map(move |method| (path.to_string(), method.to_string()))
+                .map(move |method| (route.path.to_string(), method.to_string()))
         })
         .collect()
 }
@@ -167,23 +222,28 @@ async fn every_route_answers_as_the_spec_says_for_every_method() {
     let spec = spec();
     let documented = spec_routes(&spec);
     let server = TestServer::start().await;
-    for (template, _) in ttlwheel::http::ROUTES {
+    for template in ttlwheel::routes::ALL.iter().map(|route| route.path) {
         let path = template.replace("{key}", "probe").replace("{id}", "1");
         for method in METHODS {
-            if (*template, method) == ("/v1/events", "GET") {
+            if (template, method) == (ttlwheel::routes::EVENTS.path, "GET") {
                 // A stream never ends: check the head only.
                 let response = server.client.get(server.url(&path)).send().await.unwrap();
                 assert_eq!(response.status(), StatusCode::OK);
                 assert_eq!(response.headers()["content-type"], "text/event-stream");
                 continue;
             }
-            let (status, body) = server
-                .call(
+            let response = server
+                .client
+                .request(
                     Method::from_bytes(method.as_bytes()).unwrap(),
-                    &path,
-                    Some(json!({})),
+                    server.url(&path),
                 )
-                .await;
+                .json(&json!({}))
+                .send()
+                .await
+                .unwrap();
+            let allow = response.headers().get("allow").cloned();
+            let (status, body) = crate::server::json_of(response).await;
             let listed = documented.contains(&(template.to_string(), method.to_string()));
             if listed {
                 assert_ne!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
@@ -194,6 +254,20 @@ async fn every_route_answers_as_the_spec_says_for_every_method() {
                     StatusCode::METHOD_NOT_ALLOWED,
                     "{method} {path} is served but not in the spec"
                 );
+                let pointer =
+                    "/components/responses/MethodNotAllowed/content/application~1json/schema";
+                assert_eq!(validate(&spec, pointer, &body), Vec::<String>::new());
+                let allow = allow.expect("a 405 names the allowed methods");
+                let route = ttlwheel::routes::ALL
+                    .iter()
+                    .find(|route| route.path == template)
+                    .unwrap();
+                for served in route.methods {
+                    assert!(
+                        allow.to_str().unwrap().contains(served),
+                        "{method} {path}: Allow {allow:?}"
+                    );
+                }
             }
         }
     }

@@ -426,3 +426,27 @@ fn events_carry_service_metadata_times_and_lateness() {
     assert_eq!(event.occurred_at_ms, UNIX_AT_EPOCH + 3_700);
     assert_eq!(event.lateness_ms, 200);
 }
+
+#[test]
+fn registered_at_is_the_millisecond_of_the_creating_heartbeat() {
+    let mut harness = Harness::new(60);
+    for start_ms in [1, 999, 1_001, 1_999, 61_500] {
+        harness.stall(start_ms);
+        let key = format!("k{start_ms}");
+        harness.heartbeat(&key, 5_000);
+        let view = harness
+            .registry
+            .get(&key_of(&key), harness.now())
+            .expect("alive");
+        let request_ms = UNIX_AT_EPOCH + harness.now_ms;
+        assert_eq!(view.registered_at_ms, request_ms, "{key}");
+        assert_eq!(view.last_heartbeat_at_ms, request_ms, "{key}");
+        let registered = harness.drain_all().pop().expect("a registered event");
+        assert_eq!(registered.registered_at_ms, request_ms, "{key}");
+        // A renewal later does not move it.
+        harness.stall(700);
+        harness.heartbeat(&key, 5_000);
+        let renewed = harness.registry.get(&key_of(&key), harness.now()).unwrap();
+        assert_eq!(renewed.registered_at_ms, request_ms, "{key}");
+    }
+}

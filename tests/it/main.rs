@@ -5,12 +5,15 @@ mod binary;
 mod browser;
 mod concurrency;
 mod contract;
+mod edge;
 mod engine;
+mod exposition;
 mod model;
 mod receiver;
 mod robustness;
 mod server;
 mod stream;
+mod tools;
 mod webhooks;
 
 use std::sync::Arc;

@@ -1,5 +1,6 @@
 //! A real ttlwheel server on `127.0.0.1:0` and a real HTTP client, for the API suites.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::{Method, Response, StatusCode};
@@ -8,10 +9,15 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use ttlwheel::config::Config;
+use ttlwheel::metrics::Metrics;
+use ttlwheel::Service;
 
 pub struct TestServer {
     pub base: String,
     pub client: reqwest::Client,
+    /// The server's metrics: when the server stops, every (route, method, status) it answered
+    /// must be documented in `openapi.yaml` (see `contract::assert_documented`).
+    metrics: Arc<Metrics>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<std::io::Result<()>>>,
 }
@@ -25,7 +31,9 @@ impl TestServer {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
         let base = format!("http://{}", listener.local_addr().expect("bound"));
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(ttlwheel::run(listener, config, async {
+        let service = Service::start(&config).expect("the service starts");
+        let metrics = Arc::clone(service.metrics());
+        let task = tokio::spawn(service.serve(listener, async {
             let _ = stopped.await;
         }));
         ttlwheel::notify::install_tls_provider();
@@ -36,6 +44,7 @@ impl TestServer {
         Self {
             base,
             client,
+            metrics,
             stop: Some(stop),
             task: Some(task),
         }
@@ -98,6 +107,10 @@ impl Drop for TestServer {
     fn drop(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
+        }
+        // A test that already failed says why; do not bury it under a second panic.
+        if !std::thread::panicking() {
+            crate::contract::assert_documented(&self.metrics.render());
         }
     }
 }

@@ -6,7 +6,9 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 use ttlwheel::config::Config;
 
+use crate::exposition::{self, value, Sample};
 use crate::server::TestServer;
+use crate::tools::{self, Tool};
 
 const PATIENCE: Duration = Duration::from_secs(20);
 
@@ -244,12 +246,8 @@ async fn a_client_that_falls_behind_the_ring_is_dropped_and_counted() {
     assert!(value(&metrics, "ttlwheel_sse_events_dropped_total", &[]) > 0.0);
 }
 
-/// One sample: name, labels, value.
-pub type Sample = (String, std::collections::HashMap<String, String>, f64);
-
-/// `GET /metrics`, parsed by the Prometheus project's OpenMetrics parser (Python
-/// `prometheus_client`, strict: a malformed exposition fails the test).
-pub async fn metrics_of(server: &TestServer) -> Vec<Sample> {
+/// `GET /metrics` as text, checking the status and content type.
+pub async fn metrics_text(server: &TestServer) -> String {
     let response = server
         .client
         .get(server.url("/metrics"))
@@ -261,46 +259,12 @@ pub async fn metrics_of(server: &TestServer) -> Vec<Sample> {
         .to_str()
         .unwrap()
         .starts_with("application/openmetrics-text"));
-    let text = response.text().await.unwrap();
-    let file = std::env::temp_dir().join(format!(
-        "ttlwheel-metrics-{}-{}.txt",
-        std::process::id(),
-        fastrand_suffix()
-    ));
-    std::fs::write(&file, &text).unwrap();
-    let parser = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tools/parse_metrics.py");
-    let output = std::process::Command::new("python3")
-        .arg(parser)
-        .arg(&file)
-        .output()
-        .expect("python3 runs");
-    std::fs::remove_file(&file).ok();
-    assert!(
-        output.status.success(),
-        "the exposition does not parse (or `pip install prometheus-client` is missing; .ci/run \
-         installs it): {}\n{text}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).expect("parser output")
+    response.text().await.unwrap()
 }
 
-fn fastrand_suffix() -> u64 {
-    use std::hash::{BuildHasher, RandomState};
-    RandomState::new().hash_one(std::time::Instant::now())
-}
-
-/// The value of the sample `name` whose labels include `labels`.
-pub fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
-    samples
-        .iter()
-        .find(|(sample, have, _)| {
-            sample == name
-                && labels
-                    .iter()
-                    .all(|(k, v)| have.get(*k).map(String::as_str) == Some(*v))
-        })
-        .unwrap_or_else(|| panic!("no sample {name} {labels:?}"))
-        .2
+/// `GET /metrics`, read into samples (in Rust: see `exposition`).
+pub async fn metrics_of(server: &TestServer) -> Vec<Sample> {
+    exposition::samples(&metrics_text(server).await)
 }
 
 fn histogram_count(samples: &[Sample], name: &str) -> u64 {
@@ -404,4 +368,76 @@ async fn metrics_count_known_traffic() {
     assert!(value(&metrics, "ttlwheel_memory_bytes_per_key", &[]) > 0.0);
     assert_eq!(value(&metrics, "ttlwheel_ticker_lag_seconds", &[]), 0.0);
     assert_eq!(value(&metrics, "ttlwheel_sse_clients", &[]), 0.0);
+}
+
+/// The exposition is valid OpenMetrics by the Prometheus project's own parser (Python
+/// `prometheus_client`, strict: a malformed line fails), and that parser reads the same samples
+/// as the Rust reader the other tests use.
+#[tokio::test]
+#[ignore = "needs python3 and its prometheus_client module: .ci/run installs them"]
+async fn the_exposition_parses_with_the_prometheus_parser() {
+    tools::require(&[
+        Tool::Python,
+        Tool::PythonModule(
+            "prometheus_client",
+            "apt-get install python3-prometheus-client",
+        ),
+    ]);
+    let server = TestServer::start().await;
+    beat(
+        &server,
+        json!({"key": "p-1", "service": "api:v1.2", "ttl_ms": 50}),
+    )
+    .await;
+    beat(&server, json!({"key": "p-2", "ttl_s": 60})).await;
+    server.get("/v1/keys/missing").await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while server.get("/v1/keys/p-1").await.0 != StatusCode::NOT_FOUND {
+        assert!(tokio::time::Instant::now() < deadline, "p-1 never expired");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let text = metrics_text(&server).await;
+    let file = std::env::temp_dir().join(format!("ttlwheel-metrics-{}.txt", std::process::id()));
+    std::fs::write(&file, &text).unwrap();
+    let parser = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tools/parse_metrics.py");
+    let output = std::process::Command::new(crate::tools::python())
+        .arg(parser)
+        .arg(&file)
+        .output()
+        .expect("python3 runs");
+    std::fs::remove_file(&file).ok();
+    assert!(
+        output.status.success(),
+        "the Prometheus parser refused the exposition: {}\n{text}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let mut by_python: Vec<Sample> = serde_json::from_slice(&output.stdout).expect("parser output");
+    let mut by_rust = exposition::samples(&text);
+    // The Python parser names a counter's samples with `_total` and adds `_created` samples of
+    // its own only when present; compare what both read.
+    let order = |a: &Sample, b: &Sample| {
+        format!("{}{:?}", a.0, sorted(&a.1)).cmp(&format!("{}{:?}", b.0, sorted(&b.1)))
+    };
+    by_python.sort_by(order);
+    by_rust.sort_by(order);
+    assert_eq!(by_python, by_rust);
+    assert_eq!(
+        value(
+            &by_python,
+            "ttlwheel_service_keys_alive",
+            &[("service", "api:v1.2")]
+        ),
+        0.0
+    );
+    assert_eq!(value(&by_python, "ttlwheel_expirations_total", &[]), 1.0);
+    // No help text ends in two full stops (prometheus-client adds one to what it is given).
+    for line in text.lines().filter(|line| line.starts_with("# HELP")) {
+        assert!(!line.ends_with(".."), "{line}");
+    }
+}
+
+fn sorted(labels: &std::collections::HashMap<String, String>) -> Vec<(&String, &String)> {
+    let mut labels: Vec<_> = labels.iter().collect();
+    labels.sort();
+    labels
 }

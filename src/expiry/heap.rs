@@ -164,26 +164,33 @@ impl<const ARITY: usize> DeadlineHeap<ARITY> {
     }
 
     /// Checks both invariants in debug builds on small heaps (O(n), so only while n is small
-    /// enough not to turn tests quadratic).
+    /// enough not to turn tests quadratic); owners check larger heaps through
+    /// [`Self::check_invariants`].
     fn debug_check(&self) {
         if cfg!(debug_assertions) && self.nodes.len() <= 64 {
-            for (pos, node) in self.nodes.iter().enumerate() {
-                assert_eq!(
-                    self.positions[node.slot as usize] as usize, pos,
-                    "stale back-reference"
-                );
-                if pos > 0 {
-                    let parent = &self.nodes[(pos - 1) / ARITY];
-                    assert!(parent.deadline_ms <= node.deadline_ms, "heap order broken");
-                }
-            }
-            let present = self.positions.iter().filter(|&&pos| pos != ABSENT).count();
-            assert_eq!(
-                present,
-                self.nodes.len(),
-                "back-reference to a removed node"
-            );
+            self.check_invariants();
         }
+    }
+
+    /// Checks the heap order and every back-reference, in O(n + slots); panics naming the
+    /// first one broken.
+    pub fn check_invariants(&self) {
+        for (pos, node) in self.nodes.iter().enumerate() {
+            assert_eq!(
+                self.positions[node.slot as usize] as usize, pos,
+                "stale back-reference"
+            );
+            if pos > 0 {
+                let parent = &self.nodes[(pos - 1) / ARITY];
+                assert!(parent.deadline_ms <= node.deadline_ms, "heap order broken");
+            }
+        }
+        let present = self.positions.iter().filter(|&&pos| pos != ABSENT).count();
+        assert_eq!(
+            present,
+            self.nodes.len(),
+            "back-reference to a removed node"
+        );
     }
 }
 

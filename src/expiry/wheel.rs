@@ -112,6 +112,20 @@ impl TimingWheel {
         self.buckets[self.bucket_idx(tick)].len()
     }
 
+    /// The slots in the bucket of `tick`, which the wheel must hold; an element's index is its
+    /// position (for the owner's invariant checks).
+    pub fn bucket(&self, tick: Tick) -> &[SlotId] {
+        debug_assert!(self.holds(tick), "tick {tick} was already detached");
+        &self.buckets[self.bucket_idx(tick)]
+    }
+
+    /// Every tick the wheel holds, in order: `swept_through + 1 ..= swept_through + n_buckets`.
+    pub fn held_ticks(&self) -> impl Iterator<Item = Tick> {
+        let first = self.swept_through.saturating_add(1);
+        let last = self.swept_through.saturating_add(self.n_buckets() as Tick);
+        first..=last
+    }
+
     fn bucket_idx(&self, tick: Tick) -> usize {
         tick as usize % self.buckets.len()
     }

@@ -68,6 +68,36 @@ impl OrderedIndex {
         }
     }
 
+    /// Checks that the index holds exactly `alive` (every alive key and its service); panics
+    /// naming the difference. O(n log n): for tests.
+    pub fn check_invariants<'a>(&self, alive: impl Iterator<Item = (&'a Key, ServiceId)>) {
+        let mut by_key = BTreeSet::new();
+        let mut by_service = BTreeSet::new();
+        for (key, service) in alive {
+            by_key.insert(key.clone());
+            if !service.is_none() {
+                by_service.insert((service, key.clone()));
+            }
+        }
+        assert!(
+            self.by_key == by_key,
+            "the ordered index differs from the alive keys: {:?} listed, {:?} alive",
+            self.by_key
+                .symmetric_difference(&by_key)
+                .take(5)
+                .collect::<Vec<_>>(),
+            by_key.len()
+        );
+        assert!(
+            self.by_service == by_service,
+            "the per-service index differs from the alive keys' services: {:?}",
+            self.by_service
+                .symmetric_difference(&by_service)
+                .take(5)
+                .collect::<Vec<_>>()
+        );
+    }
+
     /// Keys matching `filter` in order, from the cursor on, for the caller to take from.
     pub fn scan<'a>(&'a self, filter: &'a ListFilter) -> Box<dyn Iterator<Item = &'a Key> + 'a> {
         let start = filter.start();
@@ -204,6 +234,30 @@ impl ExpiredLog {
         matching.truncate(limit);
         matching.sort_unstable_by(|a, b| a.0.cmp(b.0));
         matching
+    }
+
+    /// Checks the log's own invariants and that no key listed here is alive (`is_alive`);
+    /// panics naming the first one broken. O(records): for tests.
+    pub fn check_invariants(&self, is_alive: impl Fn(&Key) -> bool) {
+        assert!(
+            self.order.len() <= self.max_len,
+            "the expired log holds {} expiries, over its bound of {}",
+            self.order.len(),
+            self.max_len
+        );
+        let in_order: std::collections::HashSet<(u64, &Key)> =
+            self.order.iter().map(|(at, key)| (*at, key)).collect();
+        let mut counts: HashMap<ServiceId, u32> = HashMap::new();
+        for (key, record) in &self.by_key {
+            assert!(!is_alive(key), "{key} is both alive and listed as expired");
+            assert!(
+                in_order.contains(&(record.expired_ms, key)),
+                "{key}'s expiry is not in the age order, so it would never be pruned"
+            );
+            *counts.entry(record.service).or_default() += 1;
+        }
+        let kept: HashMap<ServiceId, u32> = self.counts().collect();
+        assert_eq!(kept, counts, "the expired log's per-service counts");
     }
 
     fn uncount(&mut self, service: ServiceId) {

@@ -18,6 +18,7 @@
 mod listing;
 mod services;
 mod shard;
+mod slots;
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -633,6 +634,37 @@ impl Registry {
     /// keys can have one).
     pub async fn earlier_deadline(&self) {
         self.wakeup.notified().await
+    }
+
+    /// Checks the invariants of every shard (see `shard`) and of the sweep in progress; panics
+    /// naming the first one broken. It holds the sweep lock, so the sweeper waits, and each
+    /// shard's lock in turn. O(keys + wheel elements): tests call it after every step (the
+    /// model tests, and a checker thread in the concurrency test); the service never does.
+    pub fn check_invariants(&self) {
+        let state = self.sweep_state.lock();
+        let swept_through = self.swept_through.load(Ordering::Acquire);
+        // Between sweeps every shard has detached through `swept_through`; during one, through
+        // the tick under way, which is the next.
+        let detached_through = if state.pending.is_empty() {
+            swept_through
+        } else {
+            assert_eq!(state.tick, swept_through + 1, "a sweep skipped a tick");
+            state.tick
+        };
+        for (shard_idx, shard) in self.shards.iter().enumerate() {
+            let shard = shard.0.lock();
+            assert_eq!(
+                shard.wheel_swept_through(),
+                detached_through,
+                "shard {shard_idx} is not in lockstep"
+            );
+            let detached = state
+                .pending
+                .iter()
+                .find(|(pending_idx, _, _)| *pending_idx == shard_idx)
+                .map(|(_, slots, offset)| (state.tick, slots.as_slice(), *offset));
+            shard.check_invariants(detached);
+        }
     }
 
     /// The last tick fully swept, in seconds since the epoch (for lag and health).

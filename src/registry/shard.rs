@@ -6,14 +6,19 @@
 //! slot it finds in a detached bucket is expired only if that slot's entry still says it is
 //! scheduled at that tick.
 //!
-//! Invariants (checked by the model tests through the public registry):
-//! - every entry is in `index` exactly once, under the hash of its key;
+//! Invariants, all checked by [`Shard::check_invariants`] (the model and concurrency tests run
+//! it after every step, through `Registry::check_invariants`):
+//! - every entry is in `index` exactly once, under the hash of its key, and the index holds
+//!   nothing else;
 //! - an entry's [`TimerRef`] says where its deadline lives: a wheel tick (and its position in that
 //!   bucket while the wheel still holds the tick), the heap, or nowhere (persistent);
 //!   a slot is current in at most one wheel bucket and at most once in the heap;
 //! - a slot id in a bucket whose entry is gone, or is scheduled at another tick, is stale and
 //!   skipped by the sweeper; `n_stale` counts them (see `Shard::unschedule`);
-//! - `ordered` holds exactly the alive keys; `alive_by_service[s]` counts them per service.
+//! - `ordered` holds exactly the alive keys; `alive_by_service[s]` counts them per service;
+//! - `n_wheel` counts the entries on the wheel, `heap` holds exactly the heap entries at their
+//!   deadlines, and persistent entries have no deadline;
+//! - no alive key is in the expired log; no event is pending outside an operation.
 
 use foldhash::fast::RandomState;
 use hashbrown::HashTable;
@@ -21,6 +26,7 @@ use std::hash::BuildHasher;
 
 use super::listing::{ExpiredLog, ExpiredRecord, ListFilter, OrderedIndex};
 use super::services::ServiceId;
+use super::slots::Slots;
 use super::{Ctx, ExpireCondition, ExpireOutcome, KeyState};
 use crate::clock::Now;
 use crate::events::{Event, EventKind};
@@ -139,60 +145,12 @@ pub(super) struct Renewal {
     pub timer: TimerKind,
 }
 
-/// Entries in a slot table; freed slots are reused, so slot ids stay dense.
-#[derive(Debug, Default)]
-struct Slots {
-    entries: Vec<Option<Entry>>,
-    free: Vec<SlotId>,
-}
-
-impl Slots {
-    fn insert(&mut self, entry: Entry) -> SlotId {
-        if let Some(slot) = self.free.pop() {
-            self.entries[slot as usize] = Some(entry);
-            return slot;
-        }
-        if self.entries.len() == self.entries.capacity() {
-            // Grow by an eighth rather than doubling: at millions of keys a doubled vector
-            // leaves up to half its memory unused, and large reallocations are page remaps.
-            let extra = (self.entries.len() / 8).max(64);
-            self.entries.reserve_exact(extra);
-        }
-        self.entries.push(Some(entry));
-        (self.entries.len() - 1) as SlotId
-    }
-
-    fn remove(&mut self, slot: SlotId) -> Entry {
-        let entry = self.entries[slot as usize]
-            .take()
-            .expect("removing a live slot");
-        self.free.push(slot);
-        entry
-    }
-
-    fn get(&self, slot: SlotId) -> Option<&Entry> {
-        self.entries.get(slot as usize)?.as_ref()
-    }
-
-    fn get_mut(&mut self, slot: SlotId) -> Option<&mut Entry> {
-        self.entries.get_mut(slot as usize)?.as_mut()
-    }
-
-    fn entry(&self, slot: SlotId) -> &Entry {
-        self.get(slot).expect("slot is live")
-    }
-
-    fn entry_mut(&mut self, slot: SlotId) -> &mut Entry {
-        self.entries[slot as usize].as_mut().expect("slot is live")
-    }
-}
-
 /// A share of the registry's keys. See the module documentation for its invariants.
 #[derive(Debug)]
 pub(super) struct Shard {
     /// Key hash -> slot. Holds slot ids, not keys: the key is stored once, in its entry.
     index: HashTable<SlotId>,
-    slots: Slots,
+    slots: Slots<Entry>,
     wheel: TimingWheel,
     heap: DeadlineHeap,
     /// Hashes keys for `index`; the same state the registry uses to pick the shard.
@@ -388,6 +346,11 @@ impl Shard {
         ExpireOutcome::Applied { ttl_ms }
     }
 
+    /// The last tick whose wheel bucket was detached.
+    pub fn wheel_swept_through(&self) -> Tick {
+        self.wheel.swept_through()
+    }
+
     /// Detaches the wheel's next bucket in O(1); the sweeper then calls [`Self::expire_detached`].
     pub fn detach_next_bucket(&mut self) -> (Tick, Vec<SlotId>) {
         self.wheel.detach_next()
@@ -410,19 +373,22 @@ impl Shard {
             );
             let Some(entry) = current else {
                 // Stale: renewed, moved to the heap, persisted, removed, or a reused slot.
+                debug_assert!(self.n_stale > 0, "a stale element that was not counted");
                 self.n_stale = self.n_stale.saturating_sub(1);
                 continue;
             };
-            if entry.deadline_ms <= now_ms {
+            let deadline_ms = entry.deadline_ms;
+            // This sweep consumes the key's element, so its timer no longer points anywhere:
+            // clear it before anything unschedules the key, or `unschedule` would count the
+            // consumed element as stale and `n_stale` would grow by one per expiry, for good.
+            self.slots.entry_mut(slot).timer = TimerRef::PERSISTENT;
+            self.n_wheel -= 1;
+            if deadline_ms <= now_ms {
                 self.remove(slot, EventKind::Expired, ctx, now_ms);
                 n_expired += 1;
             } else {
                 // Filed at the horizon because the sweeper was behind (see `TimingWheel::clamp`):
-                // not due yet, so file it again where it belongs. Its element here is consumed
-                // by this sweep, so clear the timer first: `unschedule` must not count it stale.
-                let deadline_ms = entry.deadline_ms;
-                self.slots.entry_mut(slot).timer = TimerRef::PERSISTENT;
-                self.n_wheel -= 1;
+                // not due yet, so file it again where it belongs.
                 self.schedule(slot, Some(TimerKind::Wheel), deadline_ms);
             }
         }
@@ -498,6 +464,173 @@ impl Shard {
             }
             expired[service.index()] += u64::from(count);
         }
+    }
+
+    /// Checks every invariant of the module documentation; panics naming the first one broken.
+    /// `detached` is the part of this shard's bucket of `tick` that the sweeper has detached
+    /// and not yet processed (`(tick, bucket, next offset)`), if a sweep is under way.
+    /// O(keys + wheel elements): for tests, which call it after every step.
+    pub fn check_invariants(&self, detached: Option<(Tick, &[SlotId], usize)>) {
+        self.slots.check_invariants();
+        assert!(self.pending_events.is_empty(), "events left unpublished");
+        let mut n_live = 0;
+        let (mut n_wheel, mut n_heap) = (0, 0);
+        let mut by_service: Vec<u32> = Vec::new();
+        for (slot, entry) in self.slots.iter() {
+            n_live += 1;
+            let hash = self.hasher.hash_one(entry.key.as_str());
+            assert_eq!(
+                self.find(hash, &entry.key),
+                Some(slot),
+                "{} is not indexed at its slot",
+                entry.key
+            );
+            let service = entry.service.index();
+            if by_service.len() <= service {
+                by_service.resize(service + 1, 0);
+            }
+            by_service[service] += 1;
+            match entry.timer.get() {
+                Timer::Wheel { tick, pos } => {
+                    n_wheel += 1;
+                    self.check_wheel_entry(slot, entry, tick, pos, detached);
+                }
+                Timer::Heap => {
+                    n_heap += 1;
+                    self.check_timer_kind(entry, TimerKind::Heap);
+                    assert_eq!(
+                        self.heap.deadline_of(slot),
+                        Some(entry.deadline_ms),
+                        "{}'s heap deadline",
+                        entry.key
+                    );
+                }
+                Timer::Persistent => {
+                    assert_eq!(
+                        entry.deadline_ms, NO_DEADLINE,
+                        "{} has a deadline but no timer",
+                        entry.key
+                    );
+                    assert_eq!(
+                        self.heap.deadline_of(slot),
+                        None,
+                        "{} is persistent but in the heap",
+                        entry.key
+                    );
+                }
+            }
+        }
+        assert_eq!(
+            self.index.len(),
+            n_live,
+            "index entries without a live slot"
+        );
+        assert_eq!(self.n_wheel, n_wheel, "n_wheel");
+        assert_eq!(self.heap.len(), n_heap, "heap entries without a heap timer");
+        self.heap.check_invariants();
+        self.check_stale_count(detached);
+        let stored = self.alive_by_service.iter().copied();
+        let counted = by_service.iter().copied().chain(std::iter::repeat(0));
+        for (service, (stored, counted)) in stored.zip(counted).enumerate() {
+            assert_eq!(stored, counted, "alive keys of service {service}");
+        }
+        assert!(
+            by_service.len() <= self.alive_by_service.len().max(1),
+            "an uncounted service"
+        );
+        if let Some(ordered) = &self.ordered {
+            ordered.check_invariants(
+                self.slots
+                    .iter()
+                    .map(|(_, entry)| (&entry.key, entry.service)),
+            );
+        }
+        self.expired
+            .check_invariants(|key| self.find(self.hasher.hash_one(key.as_str()), key).is_some());
+    }
+
+    /// A wheel entry's element is where its timer says: in a bucket the wheel holds, or in the
+    /// unprocessed part of the bucket the sweeper detached; and its tick fits its deadline.
+    fn check_wheel_entry(
+        &self,
+        slot: SlotId,
+        entry: &Entry,
+        tick: Tick,
+        pos: u32,
+        detached: Option<(Tick, &[SlotId], usize)>,
+    ) {
+        self.check_timer_kind(entry, TimerKind::Wheel);
+        let key = &entry.key;
+        if self.wheel.holds(tick) {
+            assert_eq!(
+                self.wheel.bucket(tick).get(pos as usize),
+                Some(&slot),
+                "{key}'s wheel position ({tick}, {pos})"
+            );
+        } else {
+            let (swept, bucket, offset) = detached
+                .filter(|(swept, _, _)| *swept == tick)
+                .unwrap_or_else(|| panic!("{key} is filed at tick {tick}, already swept"));
+            assert!(
+                pos as usize >= offset && bucket.get(pos as usize) == Some(&slot),
+                "{key}'s element in the detached bucket of {swept}"
+            );
+        }
+        // Filed in its deadline's tick; earlier only at the horizon (re-filed when that comes
+        // due); later only when that tick was already swept (then in the next one to sweep).
+        let deadline_tick = TimingWheel::tick_of(entry.deadline_ms);
+        assert!(
+            tick <= deadline_tick || tick <= self.wheel.swept_through() + 1,
+            "{key} is filed at tick {tick}, after its deadline's tick {deadline_tick}"
+        );
+    }
+
+    fn check_timer_kind(&self, entry: &Entry, kind: TimerKind) {
+        assert_ne!(
+            entry.deadline_ms, NO_DEADLINE,
+            "{} is timed without a deadline",
+            entry.key
+        );
+        let max_ttl_s = (self.wheel.n_buckets() - 2) as u32;
+        assert_eq!(
+            TimerKind::for_ttl(entry.ttl_ms, max_ttl_s),
+            kind,
+            "{}'s timer for its TTL",
+            entry.key
+        );
+    }
+
+    /// `n_stale` counts exactly the wheel elements (held, or detached and not yet processed)
+    /// that are not their slot's current element.
+    fn check_stale_count(&self, detached: Option<(Tick, &[SlotId], usize)>) {
+        let is_current = |tick: Tick, pos: usize, slot: SlotId| {
+            self.slots.get(slot).is_some_and(|entry| {
+                entry.timer.get()
+                    == (Timer::Wheel {
+                        tick,
+                        pos: pos as u32,
+                    })
+            })
+        };
+        let held = self.wheel.held_ticks().flat_map(|tick| {
+            let bucket = self.wheel.bucket(tick);
+            bucket
+                .iter()
+                .enumerate()
+                .map(move |(pos, &slot)| (tick, pos, slot))
+        });
+        let unprocessed = detached.into_iter().flat_map(|(tick, bucket, offset)| {
+            bucket
+                .iter()
+                .enumerate()
+                .skip(offset)
+                .map(move |(pos, &slot)| (tick, pos, slot))
+        });
+        let n_stale = held
+            .chain(unprocessed)
+            .filter(|&(tick, pos, slot)| !is_current(tick, pos, slot))
+            .count();
+        assert_eq!(self.n_stale, n_stale, "n_stale");
     }
 
     fn find(&self, hash: u64, key: &Key) -> Option<SlotId> {

@@ -4,6 +4,8 @@
 //! within its TTL must never expire; a key that stopped must expire exactly once. Each heartbeat's
 //! start and end are recorded, so a heartbeat gap that really exceeded the TTL (a starved task on
 //! a loaded machine) is told apart from a false expiry instead of being blamed on the engine.
+//! Meanwhile a checker thread runs the registry's full invariant check again and again, each
+//! time with the sweeper paused wherever it was (mid-bucket included).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -69,6 +71,20 @@ async fn keys_that_keep_heartbeating_never_expire_and_stopped_keys_expire_once()
         let _ = ticker_stopped.await;
     }));
 
+    let checking = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let checker = std::thread::spawn({
+        let (registry, checking) = (Arc::clone(&registry), Arc::clone(&checking));
+        move || {
+            let mut n_checks = 0;
+            while checking.load(std::sync::atomic::Ordering::Relaxed) {
+                registry.check_invariants();
+                n_checks += 1;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            n_checks
+        }
+    });
+
     let start = Instant::now();
     let mut tasks = Vec::new();
     for task_idx in 0..TASKS {
@@ -119,6 +135,10 @@ async fn keys_that_keep_heartbeating_never_expire_and_stopped_keys_expire_once()
     );
     // Every key stopped by now and expired; none is left alive.
     assert_eq!(registry.len(), 0);
+    checking.store(false, std::sync::atomic::Ordering::Relaxed);
+    let n_checks = checker.join().expect("every invariant check passed");
+    assert!(n_checks > 10, "the checker ran {n_checks} times");
+    registry.check_invariants();
     stop_ticker.send(()).unwrap();
     ticker.await.unwrap();
 }

@@ -450,3 +450,19 @@ fn registered_at_is_the_millisecond_of_the_creating_heartbeat() {
         assert_eq!(renewed.registered_at_ms, request_ms, "{key}");
     }
 }
+
+/// Each wheel expiry consumes its key's element; before the invariant check existed, the
+/// removal also counted that element as stale, so `n_stale` grew by one per expiry and, past
+/// its bound, switched every renewal of the shard to the slower eager removal for good.
+#[test]
+fn wheel_expiries_leave_no_stale_elements_counted() {
+    let mut harness = Harness::new(60);
+    for n in 0..100 {
+        harness.heartbeat(&format!("k{n}"), 2_000);
+    }
+    harness.advance(1_000);
+    harness.registry.check_invariants();
+    harness.advance(1_500);
+    assert_eq!(harness.drained_keys(EventKind::Expired).len(), 100);
+    harness.registry.check_invariants();
+}

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use ttlwheel::clock::Clock;
 use ttlwheel::events::{Event, EventKind, EventReceiver};
 use ttlwheel::registry::{Heartbeat, HeartbeatOutcome, Registry, RegistryConfig};
-use ttlwheel::types::{Key, Ttl};
+use ttlwheel::types::{Key, ServiceName, Ttl};
 
 /// Unix time the test clocks pin their epoch to.
 pub const UNIX_AT_EPOCH: u64 = 1_700_000_000_000;
@@ -74,10 +74,15 @@ impl Harness {
     }
 
     pub fn heartbeat(&self, key: &str, ttl_ms: u64) -> HeartbeatOutcome {
+        self.heartbeat_in(key, ttl_ms, None)
+    }
+
+    /// A heartbeat that names a service (`None` keeps the stored one).
+    pub fn heartbeat_in(&self, key: &str, ttl_ms: u64, service: Option<&str>) -> HeartbeatOutcome {
         let heartbeat = Heartbeat {
             key: key_of(key),
             ttl: Ttl::from_millis(ttl_ms).expect("valid ttl"),
-            service: None,
+            service: service.map(|name| ServiceName::new(name).expect("valid service")),
             meta: None,
         };
         self.registry

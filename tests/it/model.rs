@@ -5,6 +5,7 @@
 //! against the model's due keys: each due key must produce exactly one `expired` event, never
 //! before its deadline, and no later than the first sweep after its bucket's tick (wheel) or its
 //! deadline (heap). Deletions must produce `deleted` events exactly when the model deletes.
+//! After every step the registry's full invariant check runs (`Registry::check_invariants`).
 
 use std::collections::BTreeMap;
 
@@ -22,7 +23,8 @@ const TTLS_MS: [u64; 7] = [1_000, 2_000, 3_000, 4_000, 1, 250, 1_500];
 
 #[derive(Clone, Debug)]
 enum Op {
-    Heartbeat(usize, u64),
+    /// Key, TTL, and a service (`None`: keep the stored one).
+    Heartbeat(usize, u64, Option<&'static str>),
     Expire(usize, i64, Option<ExpireCondition>),
     ExpireAt(usize, i64),
     Persist(usize),
@@ -32,6 +34,9 @@ enum Op {
     Advance(u64),
     /// Time passes and the ticker does not run.
     Stall(u64),
+    /// Time passes and the ticker makes one call with a small budget, which may leave a
+    /// detached bucket half processed until the next sweep.
+    SweepStep(u64, usize),
 }
 
 fn condition() -> impl Strategy<Value = Option<ExpireCondition>> {
@@ -44,11 +49,16 @@ fn condition() -> impl Strategy<Value = Option<ExpireCondition>> {
     ]
 }
 
+/// Services move keys between the per-service counts and listings the invariant check covers.
+fn service() -> impl Strategy<Value = Option<&'static str>> {
+    prop_oneof![Just(None), Just(Some("api")), Just(Some("db"))]
+}
+
 fn op() -> impl Strategy<Value = Op> {
     let key = 0..KEYS.len();
     let expire_ttl = prop::sample::select(vec![-5i64, 0, 1, 500, 1_000, 2_000, 3_000, 5_000]);
     prop_oneof![
-        6 => (key.clone(), prop::sample::select(TTLS_MS.to_vec())).prop_map(|(k, ttl)| Op::Heartbeat(k, ttl)),
+        6 => (key.clone(), prop::sample::select(TTLS_MS.to_vec()), service()).prop_map(|(k, ttl, s)| Op::Heartbeat(k, ttl, s)),
         2 => (key.clone(), expire_ttl, condition()).prop_map(|(k, ttl, c)| Op::Expire(k, ttl, c)),
         1 => (key.clone(), -1_000i64..4_000).prop_map(|(k, delta)| Op::ExpireAt(k, delta)),
         1 => key.clone().prop_map(Op::Persist),
@@ -56,6 +66,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => key.prop_map(Op::Ttl),
         4 => prop_oneof![0u64..1_200, Just(1_000u64)].prop_map(Op::Advance),
         1 => (0u64..6_000).prop_map(Op::Stall),
+        2 => (0u64..1_500, 1usize..4).prop_map(|(ms, budget)| Op::SweepStep(ms, budget)),
     ]
 }
 
@@ -167,11 +178,11 @@ fn run(ops: &[Op], mut harness: Harness) {
         let mut expect_deleted: Option<&'static str> = None;
         let mut expect_registered: Option<&'static str> = None;
         match *op {
-            Op::Heartbeat(k, ttl_ms) => {
+            Op::Heartbeat(k, ttl_ms, service) => {
                 let key = KEYS[k];
                 let created = !model.alive.contains_key(key);
                 model.set_deadline(key, ttl_ms);
-                let outcome = harness.heartbeat(key, ttl_ms);
+                let outcome = harness.heartbeat_in(key, ttl_ms, service);
                 assert_eq!(outcome.created, created, "{op:?}");
                 if created {
                     expect_registered = Some(key);
@@ -260,7 +271,14 @@ fn run(ops: &[Op], mut harness: Harness) {
                 model.now_ms += ms;
                 harness.stall(ms);
             }
+            Op::SweepStep(ms, budget) => {
+                model.now_ms += ms;
+                harness.stall(ms);
+                harness.registry.sweep(harness.now(), budget);
+            }
         }
+        // Every structure of every shard, and the sweep in progress, after every step.
+        harness.registry.check_invariants();
         model.settle();
         check_events(
             &mut harness,

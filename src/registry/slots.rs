@@ -1,0 +1,202 @@
+//! A slot table: entries stored by a dense `u32` id, freed ids reused.
+//!
+//! The shard keeps each key's entry here and refers to it by [`SlotId`] everywhere else (the
+//! hash index, wheel buckets, the heap's back-references), so a key is stored once and every
+//! reference to it is 4 bytes. Ids stay dense because freed ones are handed out again first,
+//! which keeps the heap's `positions` array and the table itself compact.
+//!
+//! Costs: insert, remove and lookup are O(1). The table grows by an eighth at a time, not by
+//! doubling (see [`Slots::insert`]); it never shrinks.
+//!
+//! Invariants ([`Slots::check_invariants`]): an id is either live (its entry is `Some`) or in
+//! `free` (its entry is `None`), never both, and `free` holds each id at most once.
+
+use crate::expiry::wheel::SlotId;
+
+/// Entries by slot id; see the module documentation.
+#[derive(Debug)]
+pub(super) struct Slots<T> {
+    /// `entries[id]` is the entry of slot `id`, or `None` when the slot is free.
+    entries: Vec<Option<T>>,
+    /// Freed ids, reused last-freed first.
+    free: Vec<SlotId>,
+}
+
+impl<T> Default for Slots<T> {
+    fn default() -> Self {
+        Self {
+            entries: Vec::new(),
+            free: Vec::new(),
+        }
+    }
+}
+
+impl<T> Slots<T> {
+    /// Stores `entry` and returns its id: a freed one if there is one, else a new one.
+    pub fn insert(&mut self, entry: T) -> SlotId {
+        if let Some(slot) = self.free.pop() {
+            debug_assert!(
+                self.entries[slot as usize].is_none(),
+                "a free slot is empty"
+            );
+            self.entries[slot as usize] = Some(entry);
+            return slot;
+        }
+        if self.entries.len() == self.entries.capacity() {
+            // Grow by an eighth rather than doubling: at millions of keys a doubled vector
+            // leaves up to half its memory unused, and large reallocations are page remaps.
+            let extra = (self.entries.len() / 8).max(64);
+            self.entries.reserve_exact(extra);
+        }
+        self.entries.push(Some(entry));
+        SlotId::try_from(self.entries.len() - 1).expect("fewer than 2^32 slots per shard")
+    }
+
+    /// Removes and returns the entry of a live `slot`; the id becomes free.
+    pub fn remove(&mut self, slot: SlotId) -> T {
+        let entry = self.entries[slot as usize]
+            .take()
+            .expect("removing a live slot");
+        self.free.push(slot);
+        entry
+    }
+
+    /// The entry of `slot`, if it is live.
+    pub fn get(&self, slot: SlotId) -> Option<&T> {
+        self.entries.get(slot as usize)?.as_ref()
+    }
+
+    pub fn get_mut(&mut self, slot: SlotId) -> Option<&mut T> {
+        self.entries.get_mut(slot as usize)?.as_mut()
+    }
+
+    /// The entry of a slot the caller knows is live (its id came from the index or a current
+    /// timer reference).
+    pub fn entry(&self, slot: SlotId) -> &T {
+        self.get(slot).expect("slot is live")
+    }
+
+    pub fn entry_mut(&mut self, slot: SlotId) -> &mut T {
+        self.get_mut(slot).expect("slot is live")
+    }
+
+    /// Every live `(slot, entry)`, in id order.
+    pub fn iter(&self) -> impl Iterator<Item = (SlotId, &T)> {
+        (0..)
+            .zip(&self.entries)
+            .filter_map(|(slot, entry)| Some((slot, entry.as_ref()?)))
+    }
+
+    /// Checks the invariants of the module documentation; panics naming the first one broken.
+    pub fn check_invariants(&self) {
+        let mut is_free = vec![false; self.entries.len()];
+        for &slot in &self.free {
+            let index = slot as usize;
+            assert!(index < self.entries.len(), "free id {slot} past the table");
+            assert!(!is_free[index], "free id {slot} listed twice");
+            assert!(self.entries[index].is_none(), "free id {slot} has an entry");
+            is_free[index] = true;
+        }
+        for (index, entry) in self.entries.iter().enumerate() {
+            assert!(
+                entry.is_some() || is_free[index],
+                "slot {index} is neither live nor free"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn freed_ids_are_reused_last_freed_first() {
+        let mut slots = Slots::default();
+        let ids: Vec<SlotId> = (0..4).map(|n| slots.insert(n)).collect();
+        assert_eq!(ids, [0, 1, 2, 3]);
+        assert_eq!(slots.remove(1), 1);
+        assert_eq!(slots.remove(3), 3);
+        assert_eq!(slots.insert(30), 3);
+        assert_eq!(slots.insert(10), 1);
+        assert_eq!(slots.insert(4), 4);
+        assert_eq!(slots.entry(3), &30);
+        slots.check_invariants();
+    }
+
+    #[test]
+    fn lookups_of_free_or_unknown_ids_find_nothing() {
+        let mut slots = Slots::default();
+        let id = slots.insert("a");
+        slots.remove(id);
+        assert_eq!(slots.get(id), None);
+        assert_eq!(slots.get(99), None);
+        assert_eq!(slots.get_mut(99), None);
+        assert_eq!(slots.iter().count(), 0);
+    }
+
+    #[test]
+    #[should_panic(expected = "removing a live slot")]
+    fn removing_a_free_slot_is_a_bug() {
+        let mut slots = Slots::default();
+        let id = slots.insert(());
+        slots.remove(id);
+        slots.remove(id);
+    }
+
+    #[test]
+    #[should_panic(expected = "listed twice")]
+    fn the_check_finds_an_id_freed_twice() {
+        let mut slots = Slots::default();
+        let id = slots.insert(());
+        slots.remove(id);
+        slots.free.push(id); // planted: the double free a buggy owner would cause
+        slots.check_invariants();
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Insert(u8),
+        /// Removes the n-th live slot (modulo their number).
+        Remove(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            any::<u8>().prop_map(Op::Insert),
+            any::<usize>().prop_map(Op::Remove)
+        ]
+    }
+
+    proptest! {
+        /// Against a map from id to value: the same live entries after every step, and ids
+        /// that stay dense (never more ids than the most entries ever live at once).
+        #[test]
+        fn slots_match_a_map_of_live_entries(ops in prop::collection::vec(op(), 1..200)) {
+            let mut slots = Slots::default();
+            let mut model = BTreeMap::new();
+            let mut most_live = 0;
+            for op in ops {
+                match op {
+                    Op::Insert(value) => {
+                        let id = slots.insert(value);
+                        prop_assert!(model.insert(id, value).is_none(), "id {} reused while live", id);
+                    }
+                    Op::Remove(nth) if !model.is_empty() => {
+                        let id = *model.keys().nth(nth % model.len()).unwrap();
+                        prop_assert_eq!(slots.remove(id), model.remove(&id).unwrap());
+                    }
+                    Op::Remove(_) => {}
+                }
+                most_live = most_live.max(model.len());
+                slots.check_invariants();
+                let live: Vec<(SlotId, u8)> = slots.iter().map(|(id, &v)| (id, v)).collect();
+                let expected: Vec<(SlotId, u8)> = model.iter().map(|(&id, &v)| (id, v)).collect();
+                prop_assert_eq!(live, expected);
+                prop_assert!(slots.entries.len() <= most_live);
+            }
+        }
+    }
+}

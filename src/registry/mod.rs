@@ -11,17 +11,24 @@
 //! uncontended lock and does O(1) work. The sweeper walks the shards one bounded chunk at a time
 //! ([`Registry::sweep`]), so a mass expiry never holds a lock for long.
 //!
+//! Files: this one is the door (`Registry`: hashing a key to its shard, locking it, calling
+//! it); `ops` the operation types; `shard` one shard's structures and semantics; `slots` the
+//! slot table entries live in; `sweep` expiring what is due; `listing` the ordered index and
+//! the expired log; `services` service-name interning.
+//!
 //! Semantics are Redis 7's EXPIRE / PEXPIREAT / TTL / PERSIST / DEL, with one addition: a key
 //! whose deadline has passed is expired on the spot by whichever operation touches it first
 //! (exactly one `expired` event either way).
 
 mod listing;
+mod ops;
 mod services;
 mod shard;
 mod slots;
+mod sweep;
 
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64};
 
 use foldhash::fast::RandomState;
 use parking_lot::Mutex;
@@ -29,20 +36,20 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 pub use listing::{ExpiredRecord, ListFilter};
+pub use ops::{
+    ExpireAt, ExpireCondition, ExpireOutcome, ExpiredView, Heartbeat, HeartbeatOutcome, KeyCounts,
+    KeyState, KeyView, RegistryError, ServiceCounts, ServicesOverview,
+};
 pub use services::{ServiceId, MAX_SERVICES};
+pub use sweep::{SweepReport, SWEEP_CHUNK};
 
 use crate::clock::{Clock, Now};
 use crate::events::{EventBus, EventReceiver};
-use crate::expiry::wheel::{SlotId, Tick};
 use crate::expiry::TimerKind;
-use crate::types::{InvalidInput, Key, Meta, ServiceName, Ttl, MAX_TTL_MS};
+use crate::types::{InvalidInput, Key, ServiceName, MAX_TTL_MS};
 use services::ServiceTable;
 use shard::{EntryView, Shard};
-
-/// Slots a sweep handles per lock acquisition. Measured (`benches/expiry.rs`, evict/1M): about
-/// 0.5 ms per chunk with the listing structures, so a heartbeat to the same shard waits at most
-/// about that long behind a mass expiry.
-pub const SWEEP_CHUNK: usize = 1024;
+use sweep::SweepState;
 
 /// Tunables of the registry.
 #[derive(Clone, Debug)]
@@ -81,157 +88,6 @@ impl Default for RegistryConfig {
     }
 }
 
-/// A registration or renewal.
-#[derive(Clone, Debug)]
-pub struct Heartbeat {
-    pub key: Key,
-    pub ttl: Ttl,
-    /// `None` keeps the stored service (or none, for a new key).
-    pub service: Option<ServiceName>,
-    /// `None` keeps the stored metadata.
-    pub meta: Option<Meta>,
-}
-
-/// What a heartbeat did. Times are Unix ms.
-#[derive(Clone, Debug)]
-pub struct HeartbeatOutcome {
-    pub created: bool,
-    pub service: Option<ServiceName>,
-    pub ttl_ms: u64,
-    /// Milliseconds to the deadline (never more than `ttl_ms`: see `Clock` on rounding).
-    pub expires_in_ms: u64,
-    pub expires_at_ms: u64,
-    pub timer: TimerKind,
-}
-
-/// A snapshot of an alive key. Times are Unix ms.
-#[derive(Clone, Debug)]
-pub struct KeyView {
-    pub key: Key,
-    pub service: Option<ServiceName>,
-    pub meta: Option<Meta>,
-    /// `None` when the key has no TTL (after PERSIST).
-    pub ttl_ms: Option<u64>,
-    pub expires_in_ms: Option<u64>,
-    pub expires_at_ms: Option<u64>,
-    pub registered_at_ms: u64,
-    pub last_heartbeat_at_ms: u64,
-    pub timer: Option<TimerKind>,
-}
-
-/// A recently expired key. Times are Unix ms.
-#[derive(Clone, Debug)]
-pub struct ExpiredView {
-    pub key: Key,
-    pub service: Option<ServiceName>,
-    pub meta: Option<Meta>,
-    pub last_heartbeat_at_ms: u64,
-    pub expired_at_ms: u64,
-}
-
-/// The answer to TTL / PTTL.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KeyState {
-    /// Redis's -2.
-    Missing,
-    /// Redis's -1.
-    Persistent,
-    /// Remaining milliseconds, from the exact deadline.
-    ExpiresIn(u64),
-}
-
-/// The new deadline of an EXPIRE.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExpireAt {
-    /// EXPIRE / PEXPIRE: milliseconds from now; zero or less deletes the key.
-    In(i64),
-    /// PEXPIREAT: a Unix time in ms; one in the past deletes the key.
-    AtUnixMs(i64),
-}
-
-/// EXPIRE's NX / XX / GT / LT. A key without a TTL counts as an infinite TTL for GT and LT.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExpireCondition {
-    /// Only if the key has no TTL.
-    Nx,
-    /// Only if the key has a TTL.
-    Xx,
-    /// Only if the new deadline is later than the current one.
-    Gt,
-    /// Only if the new deadline is earlier than the current one.
-    Lt,
-}
-
-impl ExpireCondition {
-    /// Redis 7's `expireGenericCommand` checks, with `current` `None` for "no TTL".
-    fn allows(self, current: Option<u64>, target_ms: i64) -> bool {
-        match (self, current) {
-            (Self::Nx, current) => current.is_none(),
-            (Self::Xx, current) => current.is_some(),
-            (Self::Gt, None) => false,
-            (Self::Gt, Some(current)) => target_ms > current as i64,
-            (Self::Lt, None) => true,
-            (Self::Lt, Some(current)) => target_ms < current as i64,
-        }
-    }
-}
-
-/// What an EXPIRE did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExpireOutcome {
-    NotFound,
-    /// The condition failed; `ttl_ms` is the unchanged remaining TTL (`None`: no TTL).
-    NotApplied {
-        ttl_ms: Option<u64>,
-    },
-    Applied {
-        ttl_ms: u64,
-    },
-    /// The new deadline was not in the future: the key was deleted.
-    Deleted,
-}
-
-/// Why the registry refused an operation.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RegistryError {
-    #[error(transparent)]
-    Invalid(#[from] InvalidInput),
-    #[error("too many distinct service names (at most {MAX_SERVICES})")]
-    TooManyServices,
-}
-
-/// How far a call to [`Registry::sweep`] got.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SweepReport {
-    pub n_expired: usize,
-    /// True when the budget ran out with due keys left: call again (after yielding).
-    pub more: bool,
-}
-
-/// Per-service counts for the services overview.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ServiceCounts {
-    pub service: ServiceName,
-    pub alive: u64,
-    pub expired: u64,
-}
-
-/// Alive and listed-expired counts of a set of keys.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct KeyCounts {
-    pub alive: u64,
-    pub expired: u64,
-}
-
-/// The services overview: every service with keys, and the keys that have no service (they
-/// are in no service's counts, but they are alive or expired all the same).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ServicesOverview {
-    /// In name order; only services with an alive or listed-expired key.
-    pub services: Vec<ServiceCounts>,
-    pub without_service: KeyCounts,
-}
-
 /// Everything one shard operation needs besides the shard.
 struct Ctx<'a> {
     config: &'a RegistryConfig,
@@ -244,15 +100,6 @@ struct Ctx<'a> {
 /// contend on one line.
 #[repr(align(128))]
 struct PaddedShard(Mutex<Shard>);
-
-/// The sweeper's progress through a tick whose buckets it has detached.
-#[derive(Debug, Default)]
-struct SweepState {
-    /// The detached buckets not yet fully processed: `(shard index, slots, next offset)`.
-    pending: Vec<(usize, Vec<SlotId>, usize)>,
-    /// The tick those buckets belong to.
-    tick: Tick,
-}
 
 /// The registry. See the module documentation.
 pub struct Registry {
@@ -527,154 +374,6 @@ impl Registry {
                 alive: count(&alive, ServiceId::NONE),
                 expired: count(&expired, ServiceId::NONE),
             },
-        }
-    }
-
-    /// Expires what is due at `now`: every wheel tick up to `now` in order (none is ever skipped,
-    /// however late the call), then due heap keys. Handles at most `budget` slots; when
-    /// [`SweepReport::more`] is set, call again.
-    pub fn sweep(&self, now: Instant, budget: usize) -> SweepReport {
-        let now = self.clock.at(now);
-        let mut report = SweepReport::default();
-        let mut spent = self.sweep_wheel(now, budget, &mut report);
-        if !report.more {
-            spent += self.sweep_heap(now, budget - spent, &mut report);
-        }
-        debug_assert!(
-            spent <= budget + SWEEP_CHUNK,
-            "a sweep call stays near its budget"
-        );
-        report
-    }
-
-    /// Processes wheel ticks up to `now` in order: detaches each tick's bucket in every shard,
-    /// then expires their slots chunk by chunk. Returns the slots handled; sets `report.more`
-    /// when the budget ran out first.
-    fn sweep_wheel(&self, now: Now, budget: usize, report: &mut SweepReport) -> usize {
-        let ctx = self.ctx();
-        let mut state = self.sweep_state.lock();
-        let mut spent = 0;
-        loop {
-            let tick = state.tick;
-            if let Some((shard_idx, slots, offset)) = state.pending.last_mut() {
-                let chunk_end = (*offset + SWEEP_CHUNK.min(budget - spent)).min(slots.len());
-                let chunk = &slots[*offset..chunk_end];
-                let mut shard = self.shards[*shard_idx].0.lock();
-                report.n_expired += shard.expire_detached(tick, chunk, &ctx, now);
-                shard.flush_events(&ctx);
-                drop(shard);
-                spent += chunk.len();
-                *offset = chunk_end;
-                if *offset == slots.len() {
-                    state.pending.pop();
-                    if state.pending.is_empty() {
-                        self.swept_through.store(tick, Ordering::Release);
-                    }
-                }
-            } else {
-                let next_tick = self.swept_through.load(Ordering::Acquire) + 1;
-                if u64::from(next_tick) * 1000 > now.ms {
-                    return spent;
-                }
-                state.tick = next_tick;
-                for (shard_idx, shard) in self.shards.iter().enumerate() {
-                    let (tick, slots) = shard.0.lock().detach_next_bucket();
-                    debug_assert_eq!(tick, next_tick, "shards advance in lockstep");
-                    state.pending.push((shard_idx, slots, 0));
-                }
-            }
-            if spent >= budget {
-                report.more = true;
-                return spent;
-            }
-        }
-    }
-
-    /// Expires due heap keys, at most `budget` of them, one chunk per shard lock. Returns how
-    /// many; sets `report.more` when due keys remain.
-    fn sweep_heap(&self, now: Now, budget: usize, report: &mut SweepReport) -> usize {
-        let ctx = self.ctx();
-        let mut spent = 0;
-        for shard in self.shards.iter() {
-            let max = (budget - spent).min(SWEEP_CHUNK);
-            let mut shard = shard.0.lock();
-            let (n_expired, more) = shard.expire_due_heap(max, &ctx, now);
-            shard.flush_events(&ctx);
-            drop(shard);
-            report.n_expired += n_expired;
-            spent += n_expired;
-            if more || spent >= budget {
-                report.more = true;
-                break;
-            }
-        }
-        spent
-    }
-
-    /// When the ticker should next sweep: the next wheel tick or the earliest heap deadline.
-    /// Also re-arms the early wake-up for heap deadlines earlier than that.
-    pub fn next_sweep_at(&self) -> Instant {
-        // While we look, any heap insert wakes the ticker (a stored `Notify` permit), so one
-        // that lands in a shard we already looked at is not slept through.
-        self.heap_wakeup_ms.store(u64::MAX, Ordering::SeqCst);
-        let next_tick_ms = u64::from(self.swept_through.load(Ordering::Acquire) + 1) * 1000;
-        let earliest_heap_ms = self
-            .shards
-            .iter()
-            .filter_map(|shard| shard.0.lock().next_heap_deadline())
-            .min()
-            .unwrap_or(u64::MAX);
-        let wake_ms = next_tick_ms.min(earliest_heap_ms);
-        // `fetch_min`, not `store`: keep an earlier deadline inserted while we looked.
-        self.heap_wakeup_ms.fetch_min(wake_ms, Ordering::SeqCst);
-        self.clock.instant_at(wake_ms)
-    }
-
-    /// Resolves when a deadline earlier than the one the ticker sleeps until arrives (only heap
-    /// keys can have one).
-    pub async fn earlier_deadline(&self) {
-        self.wakeup.notified().await
-    }
-
-    /// Checks the invariants of every shard (see `shard`) and of the sweep in progress; panics
-    /// naming the first one broken. It holds the sweep lock, so the sweeper waits, and each
-    /// shard's lock in turn. O(keys + wheel elements): tests call it after every step (the
-    /// model tests, and a checker thread in the concurrency test); the service never does.
-    pub fn check_invariants(&self) {
-        let state = self.sweep_state.lock();
-        let swept_through = self.swept_through.load(Ordering::Acquire);
-        // Between sweeps every shard has detached through `swept_through`; during one, through
-        // the tick under way, which is the next.
-        let detached_through = if state.pending.is_empty() {
-            swept_through
-        } else {
-            assert_eq!(state.tick, swept_through + 1, "a sweep skipped a tick");
-            state.tick
-        };
-        for (shard_idx, shard) in self.shards.iter().enumerate() {
-            let shard = shard.0.lock();
-            assert_eq!(
-                shard.wheel_swept_through(),
-                detached_through,
-                "shard {shard_idx} is not in lockstep"
-            );
-            let detached = state
-                .pending
-                .iter()
-                .find(|(pending_idx, _, _)| *pending_idx == shard_idx)
-                .map(|(_, slots, offset)| (state.tick, slots.as_slice(), *offset));
-            shard.check_invariants(detached);
-        }
-    }
-
-    /// The last tick fully swept, in seconds since the epoch (for lag and health).
-    pub fn swept_through(&self) -> Tick {
-        self.swept_through.load(Ordering::Acquire)
-    }
-
-    fn wake_for_heap_deadline(&self, deadline_ms: u64) {
-        if deadline_ms < self.heap_wakeup_ms.fetch_min(deadline_ms, Ordering::SeqCst) {
-            self.wakeup.notify_one();
         }
     }
 

@@ -1,0 +1,188 @@
+//! The sweep: expiring what is due, wheel ticks first (strictly in order, none ever skipped,
+//! however late the ticker runs), then due heap keys, in bounded chunks of work so that no
+//! shard lock is held for long; and telling the ticker when to run next.
+//!
+//! A wheel tick is swept in two phases: its bucket is detached from every shard in O(1) (under
+//! the sweep lock, so the shards advance in lockstep), then the detached slots are expired chunk
+//! by chunk, one shard lock per chunk. A call that runs out of budget leaves the rest in
+//! [`SweepState`] for the next call; heartbeats go on in between.
+
+use std::sync::atomic::Ordering;
+
+use tokio::time::Instant;
+
+use super::Registry;
+use crate::clock::Now;
+use crate::expiry::wheel::{SlotId, Tick};
+
+/// Slots a sweep handles per lock acquisition. Measured (`benches/expiry.rs`, evict/1M): about
+/// 0.5 ms per chunk with the listing structures, so a heartbeat to the same shard waits at most
+/// about that long behind a mass expiry.
+pub const SWEEP_CHUNK: usize = 1024;
+
+/// How far a call to [`Registry::sweep`] got.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    pub n_expired: usize,
+    /// True when the budget ran out with due keys left: call again (after yielding).
+    pub more: bool,
+}
+
+/// The sweeper's progress through a tick whose buckets it has detached.
+#[derive(Debug, Default)]
+pub(super) struct SweepState {
+    /// The detached buckets not yet fully processed: `(shard index, slots, next offset)`.
+    pending: Vec<(usize, Vec<SlotId>, usize)>,
+    /// The tick those buckets belong to.
+    tick: Tick,
+}
+
+impl Registry {
+    /// Expires what is due at `now`: every wheel tick up to `now` in order (none is ever skipped,
+    /// however late the call), then due heap keys. Handles at most `budget` slots; when
+    /// [`SweepReport::more`] is set, call again.
+    pub fn sweep(&self, now: Instant, budget: usize) -> SweepReport {
+        let now = self.clock.at(now);
+        let mut report = SweepReport::default();
+        let mut spent = self.sweep_wheel(now, budget, &mut report);
+        if !report.more {
+            spent += self.sweep_heap(now, budget - spent, &mut report);
+        }
+        debug_assert!(
+            spent <= budget + SWEEP_CHUNK,
+            "a sweep call stays near its budget"
+        );
+        report
+    }
+
+    /// Processes wheel ticks up to `now` in order: detaches each tick's bucket in every shard,
+    /// then expires their slots chunk by chunk. Returns the slots handled; sets `report.more`
+    /// when the budget ran out first.
+    fn sweep_wheel(&self, now: Now, budget: usize, report: &mut SweepReport) -> usize {
+        let ctx = self.ctx();
+        let mut state = self.sweep_state.lock();
+        let mut spent = 0;
+        loop {
+            let tick = state.tick;
+            if let Some((shard_idx, slots, offset)) = state.pending.last_mut() {
+                let chunk_end = (*offset + SWEEP_CHUNK.min(budget - spent)).min(slots.len());
+                let chunk = &slots[*offset..chunk_end];
+                let mut shard = self.shards[*shard_idx].0.lock();
+                report.n_expired += shard.expire_detached(tick, chunk, &ctx, now);
+                shard.flush_events(&ctx);
+                drop(shard);
+                spent += chunk.len();
+                *offset = chunk_end;
+                if *offset == slots.len() {
+                    state.pending.pop();
+                    if state.pending.is_empty() {
+                        self.swept_through.store(tick, Ordering::Release);
+                    }
+                }
+            } else {
+                let next_tick = self.swept_through.load(Ordering::Acquire) + 1;
+                if u64::from(next_tick) * 1000 > now.ms {
+                    return spent;
+                }
+                state.tick = next_tick;
+                for (shard_idx, shard) in self.shards.iter().enumerate() {
+                    let (tick, slots) = shard.0.lock().detach_next_bucket();
+                    debug_assert_eq!(tick, next_tick, "shards advance in lockstep");
+                    state.pending.push((shard_idx, slots, 0));
+                }
+            }
+            if spent >= budget {
+                report.more = true;
+                return spent;
+            }
+        }
+    }
+
+    /// Expires due heap keys, at most `budget` of them, one chunk per shard lock. Returns how
+    /// many; sets `report.more` when due keys remain.
+    fn sweep_heap(&self, now: Now, budget: usize, report: &mut SweepReport) -> usize {
+        let ctx = self.ctx();
+        let mut spent = 0;
+        for shard in self.shards.iter() {
+            let max = (budget - spent).min(SWEEP_CHUNK);
+            let mut shard = shard.0.lock();
+            let (n_expired, more) = shard.expire_due_heap(max, &ctx, now);
+            shard.flush_events(&ctx);
+            drop(shard);
+            report.n_expired += n_expired;
+            spent += n_expired;
+            if more || spent >= budget {
+                report.more = true;
+                break;
+            }
+        }
+        spent
+    }
+
+    /// When the ticker should next sweep: the next wheel tick or the earliest heap deadline.
+    /// Also re-arms the early wake-up for heap deadlines earlier than that.
+    pub fn next_sweep_at(&self) -> Instant {
+        // While we look, any heap insert wakes the ticker (a stored `Notify` permit), so one
+        // that lands in a shard we already looked at is not slept through.
+        self.heap_wakeup_ms.store(u64::MAX, Ordering::SeqCst);
+        let next_tick_ms = u64::from(self.swept_through.load(Ordering::Acquire) + 1) * 1000;
+        let earliest_heap_ms = self
+            .shards
+            .iter()
+            .filter_map(|shard| shard.0.lock().next_heap_deadline())
+            .min()
+            .unwrap_or(u64::MAX);
+        let wake_ms = next_tick_ms.min(earliest_heap_ms);
+        // `fetch_min`, not `store`: keep an earlier deadline inserted while we looked.
+        self.heap_wakeup_ms.fetch_min(wake_ms, Ordering::SeqCst);
+        self.clock.instant_at(wake_ms)
+    }
+
+    /// Resolves when a deadline earlier than the one the ticker sleeps until arrives (only heap
+    /// keys can have one).
+    pub async fn earlier_deadline(&self) {
+        self.wakeup.notified().await
+    }
+
+    /// Checks the invariants of every shard (see `shard`) and of the sweep in progress; panics
+    /// naming the first one broken. It holds the sweep lock, so the sweeper waits, and each
+    /// shard's lock in turn. O(keys + wheel elements): tests call it after every step (the
+    /// model tests, and a checker thread in the concurrency test); the service never does.
+    pub fn check_invariants(&self) {
+        let state = self.sweep_state.lock();
+        let swept_through = self.swept_through.load(Ordering::Acquire);
+        // Between sweeps every shard has detached through `swept_through`; during one, through
+        // the tick under way, which is the next.
+        let detached_through = if state.pending.is_empty() {
+            swept_through
+        } else {
+            assert_eq!(state.tick, swept_through + 1, "a sweep skipped a tick");
+            state.tick
+        };
+        for (shard_idx, shard) in self.shards.iter().enumerate() {
+            let shard = shard.0.lock();
+            assert_eq!(
+                shard.wheel_swept_through(),
+                detached_through,
+                "shard {shard_idx} is not in lockstep"
+            );
+            let detached = state
+                .pending
+                .iter()
+                .find(|(pending_idx, _, _)| *pending_idx == shard_idx)
+                .map(|(_, slots, offset)| (state.tick, slots.as_slice(), *offset));
+            shard.check_invariants(detached);
+        }
+    }
+
+    /// The last tick fully swept, in seconds since the epoch (for lag and health).
+    pub fn swept_through(&self) -> Tick {
+        self.swept_through.load(Ordering::Acquire)
+    }
+
+    pub(super) fn wake_for_heap_deadline(&self, deadline_ms: u64) {
+        if deadline_ms < self.heap_wakeup_ms.fetch_min(deadline_ms, Ordering::SeqCst) {
+            self.wakeup.notify_one();
+        }
+    }
+}

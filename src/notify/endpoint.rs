@@ -1,56 +1,45 @@
-//! One webhook URL: its outbox, its counters, and the task that delivers to it.
+//! One webhook URL: its outbox, its counters, and the task that delivers to it. The decisions
+//! live in pure parts: per-key order and retry times in [`super::outbox`], whether the receiver
+//! as a whole is failing in [`super::health`]; one HTTP attempt is [`super::transport`].
 //!
 //! The delivery task keeps up to `concurrency` attempts in flight, each a spawned task, and
 //! settles each as it finishes: delivered, retry later, or give up (to the dead letters). It is
 //! woken by new events, by the earliest retry time, and by shutdown. The dispatcher only ever
 //! takes this endpoint's mutex for a few pushes, so a slow receiver slows nothing upstream.
 //!
-//! A receiver that is down is not hammered event by event: after [`PAUSE_AFTER`] receiver-wide
-//! failures in a row (connection errors, timeouts, 5xx, 429) the URL is *paused*: no attempt
-//! starts until the pause ends, then a single probe goes out; a success resumes full
-//! concurrency, a failure pauses again for the next step of the retry schedule (at most
-//! [`MAX_PAUSE`]). Events waiting out a pause spend none of their attempts, so an outage of
-//! hours loses nothing that fits in the queue. A `Retry-After` on 429/503 pauses the whole URL
-//! for that long. Failures specific to one event (other 4xx) never pause the URL.
+//! A receiver that is down is not hammered event by event: after a few receiver-wide failures
+//! in a row (connection errors, timeouts, 5xx, 429) the URL is *paused* and probed one attempt
+//! at a time (the state machine and its constants are in [`super::health`]). Events waiting out
+//! a pause spend none of their attempts, so an outage of hours loses nothing that fits in the
+//! queue. A `Retry-After` on 429/503 pauses the whole URL for that long. Failures specific to
+//! one event (other 4xx) never pause the URL.
 //!
 //! A 410 Gone answer marks the URL gone: nothing more is sent to it, what it held moves to the
 //! dead letters, and new events for it are counted as dropped, until an operator re-sends a dead
 //! letter to it (which re-enables it).
 
 use std::collections::HashMap;
-use std::error::Error as _;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use parking_lot::Mutex;
-use reqwest::header::{CONTENT_TYPE, RETRY_AFTER};
-use reqwest::{StatusCode, Url};
+use reqwest::Url;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinSet;
 use tokio::time::{sleep_until, Instant};
 
 use super::backoff;
 use super::dead_letters::{DeadLetters, NewLetter};
+use super::health::Health;
 use super::message::Message;
 use super::outbox::{Full, Job, Outbox, Pending};
-use super::signing::WebhookSecret;
-
-/// Receiver-wide failures in a row that pause a URL.
-pub const PAUSE_AFTER: u32 = 3;
-/// Longest pause between probes of a failing URL, whatever the retry schedule says.
-pub const MAX_PAUSE: Duration = Duration::from_secs(30);
-
-/// How much of a failed answer's body is kept in `last_error`.
-const ERROR_SNIPPET_CHARS: usize = 200;
-/// How much of any answer's body is read (so the connection can be reused) before giving up on it.
-const MAX_ANSWER_BYTES: usize = 64 * 1024;
+use super::transport::{unix_now_ms, Outcome, Sender};
 
 /// What every endpoint's delivery task shares.
 #[derive(Debug)]
 pub(super) struct Delivery {
-    pub client: reqwest::Client,
-    pub secret: Option<WebhookSecret>,
-    pub timeout: Duration,
+    /// Sends one attempt (shared with the attempt tasks).
+    pub sender: Arc<Sender>,
     pub concurrency: usize,
     pub max_attempts: u32,
     pub retry_schedule: Vec<Duration>,
@@ -122,64 +111,6 @@ pub struct Endpoint {
     wake: Notify,
 }
 
-/// Whether the receiver as a whole is failing (see the module documentation).
-#[derive(Debug, Default)]
-struct Health {
-    consecutive_failures: u32,
-    /// Pauses in a row, to step through the schedule.
-    pauses: u32,
-    paused_until: Option<Instant>,
-}
-
-impl Health {
-    /// At most this many attempts may be in flight now (`usize::MAX`: no limit of its own).
-    fn allowance(&self, now: Instant) -> usize {
-        match self.paused_until {
-            Some(until) if until > now => 0,
-            _ if self.consecutive_failures >= PAUSE_AFTER => 1,
-            _ => usize::MAX,
-        }
-    }
-
-    fn succeeded(&mut self) -> bool {
-        let was_failing = self.consecutive_failures >= PAUSE_AFTER;
-        *self = Self::default();
-        was_failing
-    }
-
-    /// Counts a receiver-wide failure; returns the pause it starts, if any.
-    fn failed(&mut self, schedule: &[Duration], now: Instant) -> Option<Duration> {
-        self.consecutive_failures += 1;
-        if self.consecutive_failures < PAUSE_AFTER {
-            return None;
-        }
-        self.pauses += 1;
-        let pause = backoff::delay(schedule, self.pauses, fastrand::f64()).min(MAX_PAUSE);
-        self.pause_until(now + pause);
-        Some(pause)
-    }
-
-    fn pause_until(&mut self, until: Instant) {
-        self.paused_until = Some(
-            self.paused_until
-                .map_or(until, |earlier| earlier.max(until)),
-        );
-    }
-}
-
-/// How one attempt ended.
-#[derive(Debug)]
-enum Outcome {
-    Delivered,
-    Gone(String),
-    Failed {
-        error: String,
-        /// Connection errors, timeouts, 5xx and 429: the receiver, not this event, is failing.
-        receiver_wide: bool,
-        retry_after: Option<Duration>,
-    },
-}
-
 impl Endpoint {
     pub(super) fn new(index: usize, url: Url, queue_max: usize) -> Self {
         Self {
@@ -247,11 +178,10 @@ impl Endpoint {
             gone: state.gone,
             paused_for_ms: state
                 .health
-                .paused_until
-                .filter(|until| *until > now)
+                .paused_until(now)
                 .map(|until| until.duration_since(now).as_millis() as u64),
-            paused: state.health.consecutive_failures >= PAUSE_AFTER,
-            consecutive_failures: state.health.consecutive_failures,
+            paused: state.health.is_paused(),
+            consecutive_failures: state.health.consecutive_failures(),
             counters: state.counters,
             pending: state.outbox.len(),
             in_flight: state.outbox.in_flight(),
@@ -277,11 +207,8 @@ impl Endpoint {
         loop {
             let (jobs, next_retry, empty) = self.next_jobs(delivery.concurrency - running.len());
             for job in jobs {
-                let attempt = attempt(
-                    Arc::clone(&delivery),
-                    self.url.clone(),
-                    Arc::clone(&job.message),
-                );
+                let attempt = Arc::clone(&delivery.sender)
+                    .attempt(self.url.clone(), Arc::clone(&job.message));
                 running.insert(attempts.spawn(attempt).id(), job);
             }
             if drain_until.is_some() && empty {
@@ -328,7 +255,7 @@ impl Endpoint {
             state.outbox.take_jobs(now, free.min(allowance))
         };
         // Nothing starts before a pause ends, so its end is the next time to look.
-        let paused_until = state.health.paused_until.filter(|until| *until > now);
+        let paused_until = state.health.paused_until(now);
         let wake = paused_until.or(state.outbox.next_retry_at());
         (jobs, wake, state.outbox.is_empty())
     }
@@ -377,8 +304,10 @@ impl Endpoint {
                     state.health.pause_until(now + wait);
                 }
                 if receiver_wide {
-                    let was_paused = state.health.consecutive_failures >= PAUSE_AFTER;
-                    if let Some(pause) = state.health.failed(&delivery.retry_schedule, now) {
+                    let was_paused = state.health.is_paused();
+                    let jitter = fastrand::f64();
+                    if let Some(pause) = state.health.failed(&delivery.retry_schedule, now, jitter)
+                    {
                         if !was_paused {
                             tracing::warn!(url = %self.shown_url, %error,
                                 pause = %humantime::format_duration(pause),
@@ -424,99 +353,6 @@ impl Endpoint {
     }
 }
 
-/// One POST of `message` to `url`, signed now.
-async fn attempt(delivery: Arc<Delivery>, url: Url, message: Arc<Message>) -> Outcome {
-    let body = message.body();
-    let timestamp = (unix_now_ms() / 1000) as i64;
-    let mut request = delivery
-        .client
-        .post(url)
-        .header(CONTENT_TYPE, "application/json")
-        .header("webhook-id", &*message.id)
-        .header("webhook-timestamp", timestamp);
-    if let Some(secret) = &delivery.secret {
-        request = request.header(
-            "webhook-signature",
-            secret.sign(&message.id, timestamp, &body),
-        );
-    }
-    match request.body(body).send().await {
-        Ok(response) => classify(response).await,
-        Err(error) => Outcome::Failed {
-            error: describe(&error, delivery.timeout),
-            receiver_wide: true,
-            retry_after: None,
-        },
-    }
-}
-
-/// 2xx delivered; 410 gone; anything else failed, with `Retry-After` read on 429 and 503.
-async fn classify(mut response: reqwest::Response) -> Outcome {
-    let status = response.status();
-    let retry_after = match status {
-        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => response
-            .headers()
-            .get(RETRY_AFTER)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| backoff::parse_retry_after(value, SystemTime::now())),
-        _ => None,
-    };
-    let answer = read_answer(&mut response).await;
-    if status.is_success() {
-        return Outcome::Delivered;
-    }
-    let snippet: String = String::from_utf8_lossy(&answer)
-        .chars()
-        .take(ERROR_SNIPPET_CHARS)
-        .collect();
-    let error = if snippet.trim().is_empty() {
-        format!("HTTP {status}")
-    } else {
-        format!("HTTP {status}: {}", snippet.trim())
-    };
-    if status == StatusCode::GONE {
-        Outcome::Gone(error)
-    } else {
-        Outcome::Failed {
-            error,
-            receiver_wide: status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS,
-            retry_after,
-        }
-    }
-}
-
-/// Reads up to [`MAX_ANSWER_BYTES`] of the answer's body; errors end the read quietly (the status
-/// is what counts).
-async fn read_answer(response: &mut reqwest::Response) -> Vec<u8> {
-    let mut answer = Vec::new();
-    while answer.len() < MAX_ANSWER_BYTES {
-        match response.chunk().await {
-            Ok(Some(chunk)) => answer.extend_from_slice(&chunk),
-            Ok(None) | Err(_) => break,
-        }
-    }
-    answer
-}
-
-/// A transport error with its causes, e.g. `connection failed: ...: Connection refused`.
-fn describe(error: &reqwest::Error, timeout: Duration) -> String {
-    if error.is_timeout() {
-        return format!("timed out after {}", humantime::format_duration(timeout));
-    }
-    let mut text = if error.is_connect() {
-        "connection failed".to_owned()
-    } else {
-        "request failed".to_owned()
-    };
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 /// `url` with its password, if any, replaced by `***`.
 fn redacted(url: &Url) -> String {
     let mut shown = url.clone();
@@ -524,12 +360,6 @@ fn redacted(url: &Url) -> String {
         let _ = shown.set_password(Some("***"));
     }
     shown.to_string()
-}
-
-fn unix_now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| since.as_millis() as u64)
 }
 
 fn far_future() -> Instant {

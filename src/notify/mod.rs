@@ -20,9 +20,11 @@
 pub mod backoff;
 pub mod dead_letters;
 pub mod endpoint;
+pub mod health;
 pub mod message;
 pub mod outbox;
 pub mod signing;
+pub mod transport;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,6 +39,7 @@ use dead_letters::{DeadLetter, DeadLetters};
 use endpoint::{Delivery, Endpoint, EndpointStatus};
 use message::{Message, MessageIds};
 use signing::WebhookSecret;
+use transport::Sender;
 
 /// Most events the dispatcher moves per outbox lock.
 const DISPATCH_BATCH: usize = 4096;
@@ -121,9 +124,11 @@ impl Notifier {
             );
         }
         let delivery = Arc::new(Delivery {
-            client: http_client(settings.timeout, settings.concurrency)?,
-            secret: settings.secret.clone(),
-            timeout: settings.timeout,
+            sender: Arc::new(Sender {
+                client: http_client(settings.timeout, settings.concurrency)?,
+                secret: settings.secret.clone(),
+                timeout: settings.timeout,
+            }),
             concurrency: settings.concurrency,
             max_attempts: settings.max_attempts,
             retry_schedule: settings.retry_schedule.clone(),

@@ -8,6 +8,7 @@ mod contract;
 mod edge;
 mod engine;
 mod exposition;
+mod layout;
 mod model;
 mod receiver;
 mod robustness;

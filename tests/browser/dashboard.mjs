@@ -77,6 +77,7 @@ try {
   // Every alive key counts in the header, the one without a service too, and says so.
   await page.waitForFunction(() => document.querySelector("#total-alive").textContent === "6");
   assert.equal(await page.textContent("#without-service"), "(1 without a service)");
+  assert.equal(await page.$eval('#services tr[data-service=""]', (row) => row.cells[1].textContent), "6");
 
   step("screenshots, light and dark");
   await page.screenshot({ path: `${outDir}/dashboard.png` });

@@ -25,6 +25,7 @@ pub mod expiry;
 pub mod http;
 pub mod metrics;
 pub mod notify;
+pub mod persist;
 pub mod registry;
 pub mod routes;
 pub mod stream;

@@ -155,6 +155,14 @@ impl Meta {
     pub fn raw(&self) -> &RawValue {
         &self.0
     }
+
+    /// Metadata read back from its stored text (the persistence log), checked again as if a
+    /// client had sent it: a record can never bring in what the API would refuse.
+    pub fn from_text(text: &str) -> Result<Self, InvalidInput> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|_| InvalidInput::Meta("not valid JSON"))?;
+        Self::from_value(&value)
+    }
 }
 
 impl fmt::Debug for Meta {

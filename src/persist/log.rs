@@ -1,0 +1,316 @@
+//! The framing of log and snapshot files, and reading them back.
+//!
+//! A file is an 8-byte magic (`TTLWLOG1` or `TTLWSNP1`: kind and format version) followed by
+//! frames. A frame is `[len: u32 LE][crc: u32 LE][version: u8][record]`: `len` counts the
+//! version byte and the record, `crc` is CRC-32 (IEEE) of the same bytes. The version byte lets
+//! a later release read records of an earlier one.
+//!
+//! Reading tells two failures apart, as etcd's WAL and Redis's `aof-load-truncated` do. At the
+//! first frame that cannot be read (cut short, wrong length, checksum or record):
+//! - if no valid frame follows it, it is a **torn tail**: a crash in the middle of an append
+//!   (the frame cut short, or garbage or zeros where a filesystem extended the file before the
+//!   data landed). Everything before it is good; recovery keeps that and says what it dropped.
+//! - if a valid frame follows it, it is **corruption**: not something a crash leaves. The
+//!   reader refuses, naming the file and the offset, and the operator decides (`README`: cut the
+//!   file at that offset to keep what precedes it).
+//!
+//! A frame is at most [`MAX_FRAME_LEN`] bytes, so the frame after a damaged one starts within
+//! that distance: the search for it is bounded.
+
+use std::path::{Path, PathBuf};
+
+use super::record::{DecodeError, Record};
+
+/// Bytes before the first frame: the file's kind and format version.
+pub const MAGIC_LEN: usize = 8;
+/// The magic of a log segment.
+pub const LOG_MAGIC: &[u8; MAGIC_LEN] = b"TTLWLOG1";
+/// The magic of a snapshot.
+pub const SNAPSHOT_MAGIC: &[u8; MAGIC_LEN] = b"TTLWSNP1";
+/// The record format version this release writes (and the only one it reads so far).
+pub const RECORD_VERSION: u8 = 1;
+/// Frame header: length and checksum.
+const HEADER_LEN: usize = 8;
+/// Largest frame accepted: the largest record (a 256-byte key, a 128-byte service, 4 KiB of
+/// metadata, a few numbers) is far below it, so a larger length is corruption, not a record.
+pub const MAX_FRAME_LEN: usize = 64 * 1024;
+
+/// Appends one framed record to `out`.
+pub fn frame(record: &Record, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.extend_from_slice(&[0; HEADER_LEN]);
+    out.push(RECORD_VERSION);
+    record.encode(out);
+    let body = &out[start + HEADER_LEN..];
+    let len = u32::try_from(body.len()).expect("a record is far smaller than 4 GiB");
+    let crc = crc32fast::hash(body);
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// How a file ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Tail {
+    /// At a frame boundary.
+    Clean,
+    /// A torn last frame at `offset`; `dropped` bytes from there to the end were not read.
+    Torn { offset: u64, dropped: u64 },
+}
+
+/// A file that cannot be read back.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is not a ttlwheel {kind} (its first bytes are not {magic:?})")]
+    NotOurs {
+        path: PathBuf,
+        kind: &'static str,
+        magic: String,
+    },
+    #[error("{path} is corrupted at byte offset {offset}: {reason}")]
+    Corrupt {
+        path: PathBuf,
+        offset: u64,
+        reason: String,
+    },
+}
+
+/// The records of a file, in order, and how it ended.
+#[derive(Debug)]
+pub struct Contents {
+    pub records: Vec<Record>,
+    pub tail: Tail,
+    /// Bytes up to the end of the last whole frame (where appending may go on).
+    pub valid_len: u64,
+}
+
+/// Reads a whole log segment or snapshot (`magic` says which).
+pub fn read_file(path: &Path, magic: &[u8; MAGIC_LEN]) -> Result<Contents, ReadError> {
+    let bytes = std::fs::read(path).map_err(|source| ReadError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    read_bytes(&bytes, magic).map_err(|problem| problem.at(path))
+}
+
+/// What went wrong where, before the file's path is known.
+#[derive(Debug)]
+pub enum Problem {
+    NotOurs(&'static str, String),
+    Corrupt(u64, String),
+}
+
+impl Problem {
+    fn at(self, path: &Path) -> ReadError {
+        match self {
+            Self::NotOurs(kind, magic) => ReadError::NotOurs {
+                path: path.to_owned(),
+                kind,
+                magic,
+            },
+            Self::Corrupt(offset, reason) => ReadError::Corrupt {
+                path: path.to_owned(),
+                offset,
+                reason,
+            },
+        }
+    }
+}
+
+/// [`read_file`] on bytes already read.
+pub fn read_bytes(bytes: &[u8], magic: &[u8; MAGIC_LEN]) -> Result<Contents, Problem> {
+    let kind = if magic == LOG_MAGIC {
+        "log segment"
+    } else {
+        "snapshot"
+    };
+    if bytes.len() < MAGIC_LEN {
+        // A file created and not yet written whole: nothing in it was acknowledged.
+        if magic.starts_with(bytes) {
+            return Ok(Contents {
+                records: Vec::new(),
+                tail: torn(bytes, 0),
+                valid_len: 0,
+            });
+        }
+        return Err(Problem::NotOurs(
+            kind,
+            String::from_utf8_lossy(magic).into(),
+        ));
+    }
+    if &bytes[..MAGIC_LEN] != magic {
+        return Err(Problem::NotOurs(
+            kind,
+            String::from_utf8_lossy(magic).into(),
+        ));
+    }
+    let mut records = Vec::new();
+    let mut offset = MAGIC_LEN;
+    while offset < bytes.len() {
+        match read_frame(&bytes[offset..]) {
+            Ok((record, used)) => {
+                records.push(record);
+                offset += used;
+            }
+            Err(reason) if valid_frame_after(bytes, offset) => {
+                return Err(Problem::Corrupt(offset as u64, reason));
+            }
+            Err(_) => {
+                return Ok(Contents {
+                    records,
+                    tail: torn(bytes, offset),
+                    valid_len: offset as u64,
+                })
+            }
+        }
+    }
+    Ok(Contents {
+        records,
+        tail: Tail::Clean,
+        valid_len: offset as u64,
+    })
+}
+
+/// Whether a valid frame starts anywhere after `offset`, within the longest distance the next
+/// frame could be (the damaged frame at `offset` was at most [`MAX_FRAME_LEN`] long).
+fn valid_frame_after(bytes: &[u8], offset: usize) -> bool {
+    let last = bytes.len().min(offset + HEADER_LEN + MAX_FRAME_LEN);
+    (offset + 1..last).any(|start| read_frame(&bytes[start..]).is_ok())
+}
+
+fn torn(bytes: &[u8], offset: usize) -> Tail {
+    Tail::Torn {
+        offset: offset as u64,
+        dropped: (bytes.len() - offset) as u64,
+    }
+}
+
+/// Reads the frame at the start of `bytes`: the record and the bytes it took, or why not.
+fn read_frame(bytes: &[u8]) -> Result<(Record, usize), String> {
+    if bytes.len() < HEADER_LEN {
+        return Err("the file ends inside a frame header".into());
+    }
+    let len = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes")) as usize;
+    let crc = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
+    if len == 0 || len > MAX_FRAME_LEN {
+        return Err(format!("a frame length of {len} bytes"));
+    }
+    let Some(body) = bytes.get(HEADER_LEN..HEADER_LEN + len) else {
+        return Err(format!("the file ends inside a frame of {len} bytes"));
+    };
+    // The version byte first: a cheap test that rejects most garbage before the checksum.
+    if body[0] != RECORD_VERSION {
+        return Err(format!(
+            "record format version {} (this release reads {RECORD_VERSION})",
+            body[0]
+        ));
+    }
+    if crc32fast::hash(body) != crc {
+        return Err("checksum mismatch".into());
+    }
+    let record = Record::decode(&body[1..]).map_err(|error: DecodeError| error.to_string())?;
+    Ok((record, HEADER_LEN + len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::persist::record::Expiry;
+    use crate::persist::record::KeyState;
+    use crate::types::Key;
+    use proptest::prelude::*;
+
+    fn upsert(n: u64) -> Record {
+        Record::Upsert(KeyState {
+            key: Key::new(&format!("key-{n}")).unwrap(),
+            service: None,
+            meta: None,
+            expiry: Expiry::Relative { ttl_ms: 1000 + n },
+            registered_unix_ms: n,
+            last_heartbeat_unix_ms: n,
+        })
+    }
+
+    /// A log file of `n` records, and the offset where each frame starts.
+    fn file_of(n: u64) -> (Vec<u8>, Vec<usize>) {
+        let mut bytes = LOG_MAGIC.to_vec();
+        let mut starts = Vec::new();
+        for i in 0..n {
+            starts.push(bytes.len());
+            frame(&upsert(i), &mut bytes);
+        }
+        (bytes, starts)
+    }
+
+    #[test]
+    fn a_whole_file_reads_back_clean() {
+        let (bytes, _) = file_of(5);
+        let contents = read_bytes(&bytes, LOG_MAGIC).unwrap();
+        assert_eq!(contents.records, (0..5).map(upsert).collect::<Vec<_>>());
+        assert_eq!(contents.tail, Tail::Clean);
+        assert_eq!(contents.valid_len, bytes.len() as u64);
+    }
+
+    #[test]
+    fn a_snapshot_is_not_read_as_a_log_nor_the_other_way() {
+        let (bytes, _) = file_of(1);
+        assert!(matches!(
+            read_bytes(&bytes, SNAPSHOT_MAGIC),
+            Err(Problem::NotOurs(..))
+        ));
+    }
+
+    proptest! {
+        /// A log cut at any byte (a crash during an append) reads back every whole frame
+        /// before the cut, and reports the rest as a torn tail.
+        #[test]
+        fn a_log_cut_at_any_byte_keeps_every_whole_frame(cut in any::<prop::sample::Index>()) {
+            let (bytes, starts) = file_of(6);
+            let cut = cut.index(bytes.len() + 1);
+            let contents = read_bytes(&bytes[..cut], LOG_MAGIC).unwrap();
+            let whole = starts.iter().skip(1).chain([&bytes.len()]).filter(|&&end| end <= cut).count();
+            prop_assert_eq!(contents.records.len(), whole);
+            let boundary = cut == bytes.len() || starts.contains(&cut);
+            prop_assert_eq!(contents.tail == Tail::Clean, boundary && cut >= MAGIC_LEN);
+        }
+
+        /// Zero bytes after the last frame (a filesystem that extended the file before the
+        /// data landed) are a torn tail, not corruption.
+        #[test]
+        fn zeros_after_the_last_frame_are_a_torn_tail(zeros in 1usize..200) {
+            let (mut bytes, _) = file_of(3);
+            let end = bytes.len();
+            bytes.extend(std::iter::repeat_n(0, zeros));
+            let contents = read_bytes(&bytes, LOG_MAGIC).unwrap();
+            prop_assert_eq!(contents.records.len(), 3);
+            prop_assert_eq!(contents.tail, Tail::Torn { offset: end as u64, dropped: zeros as u64 });
+        }
+
+        /// A byte flipped in any frame but the last is corruption at that frame's offset (even
+        /// in its length field); in the last frame it reads as a torn tail (a crash can leave
+        /// exactly that).
+        #[test]
+        fn a_flipped_byte_is_corruption_at_its_frame_unless_in_the_last(at in any::<prop::sample::Index>(), flip in 1u8..=255) {
+            let (mut bytes, starts) = file_of(4);
+            let at = MAGIC_LEN + at.index(bytes.len() - MAGIC_LEN);
+            bytes[at] ^= flip;
+            let frame_start = *starts.iter().rev().find(|&&start| start <= at).unwrap();
+            let last = frame_start == *starts.last().unwrap();
+            match read_bytes(&bytes, LOG_MAGIC) {
+                Ok(contents) => {
+                    prop_assert!(last, "a flip at {} in a middle frame was not noticed", at);
+                    prop_assert_eq!(contents.records.len(), 3);
+                }
+                Err(Problem::Corrupt(offset, _)) => {
+                    prop_assert!(!last);
+                    prop_assert_eq!(offset, frame_start as u64);
+                }
+                Err(other) => prop_assert!(false, "{:?}", other),
+            }
+        }
+    }
+}

@@ -1,0 +1,10 @@
+//! Persistence: the registry's durable changes as an append-only log of records, and snapshots
+//! that let the log be truncated (the Redis AOF + RDB model; the records are shaped to become
+//! replicated log entries).
+//!
+//! - [`record`]: what is written, and its binary encoding.
+//! - [`log`]: the framing (length, checksum, format version) and reading files back, telling
+//!   a torn tail (a crash mid-append) from corruption.
+
+pub mod log;
+pub mod record;

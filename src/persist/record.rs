@@ -1,0 +1,427 @@
+//! The records of the persistence log: each one durable change to the registry, encoded in a
+//! compact, versioned binary form.
+//!
+//! Records are *logical* (what happened to a key), never physical (which bytes of which
+//! structure changed), and each is complete on its own: replaying the same record twice, or
+//! replaying records already reflected in a snapshot, leaves the same state. That is what lets
+//! a snapshot be taken while writes go on, and what lets these records become the entries of a
+//! replicated (Raft) log later: a follower applies them the way recovery does.
+//!
+//! What is *not* a record: a renewal that only moves a key's deadline (same TTL, same service,
+//! same metadata). Renewals stay in memory, as etcd keeps lease keep-alives off its log; the
+//! restart rule (see `persist`'s documentation) is what makes that safe.
+//!
+//! Encoding: a tag byte, then the fields in order; integers are LEB128 varints, text is a
+//! varint length and UTF-8 bytes, an optional field is a 0/1 byte before it. Decoding goes
+//! through the same constructors as the API (`Key::new`, `ServiceName::new`, `Meta::from_text`),
+//! so a record can never bring in a value a client could not have sent. The framing (length,
+//! checksum, format version) is the log's (`persist::log`).
+
+use crate::types::{InvalidInput, Key, Meta, ServiceName};
+
+/// How a key's deadline is kept across a restart.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Expiry {
+    /// No TTL (after PERSIST).
+    Never,
+    /// A TTL from a heartbeat or a relative EXPIRE: after a restart the key gets `restart +
+    /// ttl_ms`, since clients could not renew it while the registry was down.
+    Relative { ttl_ms: u64 },
+    /// An instant from PEXPIREAT: it stays, and if it passed during the downtime the key
+    /// expires at start-up.
+    Absolute { at_unix_ms: u64 },
+}
+
+/// Everything durable about an alive key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyState {
+    pub key: Key,
+    pub service: Option<ServiceName>,
+    pub meta: Option<Meta>,
+    pub expiry: Expiry,
+    pub registered_unix_ms: u64,
+    /// The last heartbeat that wrote a record (renewals that changed nothing else write none).
+    pub last_heartbeat_unix_ms: u64,
+}
+
+/// A key on the expired list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExpiredState {
+    pub key: Key,
+    pub service: Option<ServiceName>,
+    pub meta: Option<Meta>,
+    pub last_heartbeat_unix_ms: u64,
+    pub expired_unix_ms: u64,
+}
+
+/// One durable change. See the module documentation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Record {
+    /// A key's durable state, whole: written when a key is created and whenever anything but
+    /// its deadline changes (service, metadata, TTL, an EXPIRE or a PERSIST). Replaces what
+    /// was known of the key.
+    Upsert(KeyState),
+    /// A client deleted the key (DEL, or an EXPIRE into the past).
+    Deleted { key: Key, at_unix_ms: u64 },
+    /// The key expired: it leaves the alive keys and joins the expired list, with the service
+    /// and metadata of its last state.
+    Expired {
+        key: Key,
+        at_unix_ms: u64,
+        last_heartbeat_unix_ms: u64,
+    },
+    /// A key on the expired list, whole (the form a snapshot writes).
+    ExpiredEntry(ExpiredState),
+}
+
+/// A record that cannot be read back.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("the record ends early")]
+    Truncated,
+    #[error("unknown record tag {0}")]
+    UnknownTag(u8),
+    #[error("a number is longer than 64 bits")]
+    Overflow,
+    #[error("text is not UTF-8")]
+    NotUtf8,
+    #[error("{0}")]
+    Invalid(#[from] InvalidInput),
+    #[error("{0} bytes left over after the record")]
+    TrailingBytes(usize),
+}
+
+const UPSERT: u8 = 1;
+const DELETED: u8 = 2;
+const EXPIRED: u8 = 3;
+const EXPIRED_ENTRY: u8 = 4;
+
+const EXPIRY_NEVER: u8 = 0;
+const EXPIRY_RELATIVE: u8 = 1;
+const EXPIRY_ABSOLUTE: u8 = 2;
+
+impl Record {
+    /// Appends the record's encoding to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            Self::Upsert(state) => {
+                out.push(UPSERT);
+                put_text(out, state.key.as_str());
+                put_service(out, state.service.as_ref());
+                put_meta(out, state.meta.as_ref());
+                match state.expiry {
+                    Expiry::Never => out.push(EXPIRY_NEVER),
+                    Expiry::Relative { ttl_ms } => {
+                        out.push(EXPIRY_RELATIVE);
+                        put_varint(out, ttl_ms);
+                    }
+                    Expiry::Absolute { at_unix_ms } => {
+                        out.push(EXPIRY_ABSOLUTE);
+                        put_varint(out, at_unix_ms);
+                    }
+                }
+                put_varint(out, state.registered_unix_ms);
+                put_varint(out, state.last_heartbeat_unix_ms);
+            }
+            Self::Deleted { key, at_unix_ms } => {
+                out.push(DELETED);
+                put_text(out, key.as_str());
+                put_varint(out, *at_unix_ms);
+            }
+            Self::Expired {
+                key,
+                at_unix_ms,
+                last_heartbeat_unix_ms,
+            } => {
+                out.push(EXPIRED);
+                put_text(out, key.as_str());
+                put_varint(out, *at_unix_ms);
+                put_varint(out, *last_heartbeat_unix_ms);
+            }
+            Self::ExpiredEntry(state) => {
+                out.push(EXPIRED_ENTRY);
+                put_text(out, state.key.as_str());
+                put_service(out, state.service.as_ref());
+                put_meta(out, state.meta.as_ref());
+                put_varint(out, state.last_heartbeat_unix_ms);
+                put_varint(out, state.expired_unix_ms);
+            }
+        }
+    }
+
+    /// Reads one record that fills `bytes` exactly.
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut reader = Reader(bytes);
+        let record = match reader.byte()? {
+            UPSERT => Self::Upsert(KeyState {
+                key: reader.key()?,
+                service: reader.service()?,
+                meta: reader.meta()?,
+                expiry: match reader.byte()? {
+                    EXPIRY_NEVER => Expiry::Never,
+                    EXPIRY_RELATIVE => Expiry::Relative {
+                        ttl_ms: reader.varint()?,
+                    },
+                    EXPIRY_ABSOLUTE => Expiry::Absolute {
+                        at_unix_ms: reader.varint()?,
+                    },
+                    other => return Err(DecodeError::UnknownTag(other)),
+                },
+                registered_unix_ms: reader.varint()?,
+                last_heartbeat_unix_ms: reader.varint()?,
+            }),
+            DELETED => Self::Deleted {
+                key: reader.key()?,
+                at_unix_ms: reader.varint()?,
+            },
+            EXPIRED => Self::Expired {
+                key: reader.key()?,
+                at_unix_ms: reader.varint()?,
+                last_heartbeat_unix_ms: reader.varint()?,
+            },
+            EXPIRED_ENTRY => Self::ExpiredEntry(ExpiredState {
+                key: reader.key()?,
+                service: reader.service()?,
+                meta: reader.meta()?,
+                last_heartbeat_unix_ms: reader.varint()?,
+                expired_unix_ms: reader.varint()?,
+            }),
+            other => return Err(DecodeError::UnknownTag(other)),
+        };
+        match reader.0.len() {
+            0 => Ok(record),
+            left => Err(DecodeError::TrailingBytes(left)),
+        }
+    }
+
+    /// The key the record is about.
+    pub fn key(&self) -> &Key {
+        match self {
+            Self::Upsert(KeyState { key, .. })
+            | Self::Deleted { key, .. }
+            | Self::Expired { key, .. }
+            | Self::ExpiredEntry(ExpiredState { key, .. }) => key,
+        }
+    }
+}
+
+fn put_varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+fn put_text(out: &mut Vec<u8>, text: &str) {
+    put_varint(out, text.len() as u64);
+    out.extend_from_slice(text.as_bytes());
+}
+
+fn put_service(out: &mut Vec<u8>, service: Option<&ServiceName>) {
+    match service {
+        None => out.push(0),
+        Some(service) => {
+            out.push(1);
+            put_text(out, service.as_str());
+        }
+    }
+}
+
+fn put_meta(out: &mut Vec<u8>, meta: Option<&Meta>) {
+    match meta {
+        None => out.push(0),
+        Some(meta) => {
+            out.push(1);
+            put_text(out, meta.raw().get());
+        }
+    }
+}
+
+/// The unread rest of a record.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn byte(&mut self) -> Result<u8, DecodeError> {
+        let (&first, rest) = self.0.split_first().ok_or(DecodeError::Truncated)?;
+        self.0 = rest;
+        Ok(first)
+    }
+
+    fn varint(&mut self) -> Result<u64, DecodeError> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let byte = self.byte()?;
+            let bits = u64::from(byte & 0x7f);
+            if shift == 63 && bits > 1 {
+                return Err(DecodeError::Overflow);
+            }
+            value |= bits << shift;
+            if byte & 0x80 == 0 {
+                return Ok(value);
+            }
+        }
+        Err(DecodeError::Overflow)
+    }
+
+    fn text(&mut self) -> Result<&'a str, DecodeError> {
+        let len = usize::try_from(self.varint()?).map_err(|_| DecodeError::Truncated)?;
+        if len > self.0.len() {
+            return Err(DecodeError::Truncated);
+        }
+        let (text, rest) = self.0.split_at(len);
+        self.0 = rest;
+        std::str::from_utf8(text).map_err(|_| DecodeError::NotUtf8)
+    }
+
+    fn present(&mut self) -> Result<bool, DecodeError> {
+        match self.byte()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            other => Err(DecodeError::UnknownTag(other)),
+        }
+    }
+
+    fn key(&mut self) -> Result<Key, DecodeError> {
+        Ok(Key::new(self.text()?)?)
+    }
+
+    fn service(&mut self) -> Result<Option<ServiceName>, DecodeError> {
+        if !self.present()? {
+            return Ok(None);
+        }
+        Ok(Some(ServiceName::new(self.text()?)?))
+    }
+
+    fn meta(&mut self) -> Result<Option<Meta>, DecodeError> {
+        if !self.present()? {
+            return Ok(None);
+        }
+        Ok(Some(Meta::from_text(self.text()?)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn key() -> impl Strategy<Value = Key> {
+        "[a-z0-9/:._-]{1,40}".prop_map(|raw| Key::new(&raw).unwrap())
+    }
+
+    fn service() -> impl Strategy<Value = Option<ServiceName>> {
+        proptest::option::of("[a-z0-9._:-]{1,20}".prop_map(|raw| ServiceName::new(&raw).unwrap()))
+    }
+
+    fn meta() -> impl Strategy<Value = Option<Meta>> {
+        proptest::option::of(
+            ("[a-z]{1,8}", any::<i64>())
+                .prop_map(|(name, n)| Meta::from_value(&serde_json::json!({ name: n })).unwrap()),
+        )
+    }
+
+    fn expiry() -> impl Strategy<Value = Expiry> {
+        prop_oneof![
+            Just(Expiry::Never),
+            any::<u64>().prop_map(|ttl_ms| Expiry::Relative { ttl_ms }),
+            any::<u64>().prop_map(|at_unix_ms| Expiry::Absolute { at_unix_ms }),
+        ]
+    }
+
+    fn record() -> impl Strategy<Value = Record> {
+        prop_oneof![
+            (
+                key(),
+                service(),
+                meta(),
+                expiry(),
+                any::<u64>(),
+                any::<u64>()
+            )
+                .prop_map(|(key, service, meta, expiry, registered, last)| {
+                    Record::Upsert(KeyState {
+                        key,
+                        service,
+                        meta,
+                        expiry,
+                        registered_unix_ms: registered,
+                        last_heartbeat_unix_ms: last,
+                    })
+                }),
+            (key(), any::<u64>()).prop_map(|(key, at_unix_ms)| Record::Deleted { key, at_unix_ms }),
+            (key(), any::<u64>(), any::<u64>()).prop_map(|(key, at, last)| Record::Expired {
+                key,
+                at_unix_ms: at,
+                last_heartbeat_unix_ms: last,
+            }),
+            (key(), service(), meta(), any::<u64>(), any::<u64>()).prop_map(
+                |(key, service, meta, last, at)| Record::ExpiredEntry(ExpiredState {
+                    key,
+                    service,
+                    meta,
+                    last_heartbeat_unix_ms: last,
+                    expired_unix_ms: at,
+                })
+            ),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn every_record_reads_back_as_written(record in record()) {
+            let mut bytes = Vec::new();
+            record.encode(&mut bytes);
+            prop_assert_eq!(Record::decode(&bytes), Ok(record));
+        }
+
+        /// A record cut short, or with bytes after it, is an error, never a different record.
+        #[test]
+        fn a_cut_or_padded_record_is_refused(record in record(), cut in any::<prop::sample::Index>()) {
+            let mut bytes = Vec::new();
+            record.encode(&mut bytes);
+            let cut = cut.index(bytes.len());
+            prop_assert!(Record::decode(&bytes[..cut]).is_err());
+            bytes.push(0);
+            prop_assert_eq!(Record::decode(&bytes), Err(DecodeError::TrailingBytes(1)));
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic_the_decoder(bytes in prop::collection::vec(any::<u8>(), 0..64)) {
+            let _ = Record::decode(&bytes);
+        }
+    }
+
+    #[test]
+    fn a_record_cannot_smuggle_in_what_the_api_refuses() {
+        let mut bytes = vec![DELETED];
+        put_text(&mut bytes, "bad\u{1}key");
+        put_varint(&mut bytes, 5);
+        assert!(matches!(
+            Record::decode(&bytes),
+            Err(DecodeError::Invalid(InvalidInput::Key(_)))
+        ));
+        let mut bytes = vec![UPSERT];
+        put_text(&mut bytes, "k");
+        bytes.push(0);
+        bytes.push(1);
+        put_text(&mut bytes, "[1,2]"); // metadata must be an object
+        assert!(matches!(
+            Record::decode(&bytes),
+            Err(DecodeError::Invalid(InvalidInput::Meta(_)))
+        ));
+    }
+
+    #[test]
+    fn varints_take_one_byte_below_128_and_refuse_65_bits() {
+        let mut bytes = Vec::new();
+        put_varint(&mut bytes, 127);
+        assert_eq!(bytes, [127]);
+        put_varint(&mut bytes, u64::MAX);
+        assert_eq!(bytes.len(), 1 + 10);
+        let mut reader = Reader(&bytes[1..]);
+        assert_eq!(reader.varint(), Ok(u64::MAX));
+        let too_long = [0xff; 10];
+        assert_eq!(Reader(&too_long).varint(), Err(DecodeError::Overflow));
+    }
+}

@@ -5,6 +5,9 @@
 //! - [`record`]: what is written, and its binary encoding.
 //! - [`log`]: the framing (length, checksum, format version) and reading files back, telling
 //!   a torn tail (a crash mid-append) from corruption.
+//! - [`journal`]: appending records with group commit and the `--fsync` modes, surviving a
+//!   full disk.
 
+pub mod journal;
 pub mod log;
 pub mod record;

@@ -61,7 +61,7 @@ impl Clock {
         let ms = since.as_millis() as u64;
         Now {
             ms,
-            ceil_ms: ms + u64::from(since.subsec_nanos() % 1_000_000 != 0),
+            ceil_ms: ms + u64::from(!since.subsec_nanos().is_multiple_of(1_000_000)),
         }
     }
 

@@ -23,7 +23,7 @@ impl TimerKind {
     /// The wheel takes TTLs that are a whole number of seconds and at most `max_ttl_s`; the
     /// heap takes every other TTL.
     pub fn for_ttl(ttl_ms: u64, max_ttl_s: u32) -> Self {
-        if ttl_ms % 1000 == 0 && ttl_ms / 1000 <= u64::from(max_ttl_s) {
+        if ttl_ms.is_multiple_of(1000) && ttl_ms / 1000 <= u64::from(max_ttl_s) {
             Self::Wheel
         } else {
             Self::Heap

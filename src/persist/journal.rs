@@ -65,6 +65,18 @@ struct Pending {
     bytes: Vec<u8>,
     appended: Lsn,
     closing: bool,
+    /// A request to start a new segment after the first `split` bytes of `bytes`.
+    rotation: Option<Rotation>,
+}
+
+/// A new segment to start (for a snapshot): everything appended before the request goes to
+/// the old segment, everything after to the new one.
+struct Rotation {
+    split: usize,
+    /// The LSN of the last record that goes to the old segment.
+    last_old: Lsn,
+    path: PathBuf,
+    done: std::sync::mpsc::SyncSender<std::io::Result<()>>,
 }
 
 /// The current segment, as the flusher holds it.
@@ -108,6 +120,7 @@ impl Journal {
                 bytes: Vec::new(),
                 appended: last,
                 closing: false,
+                rotation: None,
             }),
             arrived: Condvar::new(),
             durable: watch::Sender::new(last),
@@ -173,6 +186,35 @@ impl Journal {
             self.shared.n_written.load(Ordering::Relaxed),
             self.shared.n_syncs.load(Ordering::Relaxed),
         )
+    }
+
+    /// Starts a new segment, named by `path_of` from the LSN of its first record: everything
+    /// appended before this call is written and synced to the current segment first. Returns
+    /// that first LSN; a snapshot taken after it, replayed with the segments from it on, gives
+    /// the state.
+    pub fn rotate(&self, path_of: impl FnOnce(Lsn) -> PathBuf) -> std::io::Result<Lsn> {
+        let (done, finished) = std::sync::mpsc::sync_channel(1);
+        let first = {
+            let mut pending = self.shared.pending.lock();
+            if pending.rotation.is_some() {
+                return Err(std::io::Error::other(
+                    "a segment rotation is already under way",
+                ));
+            }
+            let first = pending.appended + 1;
+            pending.rotation = Some(Rotation {
+                split: pending.bytes.len(),
+                last_old: pending.appended,
+                path: path_of(first),
+                done,
+            });
+            first
+        };
+        self.shared.arrived.notify_one();
+        finished
+            .recv()
+            .map_err(|_| std::io::Error::other("the journal stopped during a rotation"))??;
+        Ok(first)
     }
 
     /// Writes and syncs everything appended, then stops the flusher. Returns the write error
@@ -247,6 +289,33 @@ impl Segment {
     }
 }
 
+/// Carries out `rotation` with `bytes` (everything taken from the buffer): the part appended
+/// before the request is written and synced to the old segment, then the new segment starts.
+/// Rotations are rare (one per snapshot), so this stays apart from the write path. Returns the
+/// bytes still to write: the part appended after the request, or everything if the old part
+/// could not be written (then the rotation failed, and the journal stays on the old segment).
+fn rotate(shared: &Shared, segment: &mut Segment, rotation: Rotation, bytes: Vec<u8>) -> Vec<u8> {
+    let (old, new) = bytes.split_at(rotation.split);
+    if let Err(error) = segment.write(old) {
+        let _ = rotation.done.send(Err(error));
+        return bytes;
+    }
+    let result = segment
+        .file
+        .sync_data()
+        .and_then(|()| Segment::open(&rotation.path, None));
+    let result = result.map(|next| {
+        *segment = next;
+        shared.n_syncs.fetch_add(1, Ordering::Relaxed);
+        // Everything before the new segment's first record is written and synced.
+        shared.durable.send_if_modified(|durable| {
+            std::mem::replace(durable, (*durable).max(rotation.last_old)) < rotation.last_old
+        });
+    });
+    let _ = rotation.done.send(result);
+    new.to_vec()
+}
+
 /// The flusher: waits for records, writes them, syncs as `mode` says, publishes durability.
 fn flush_loop(shared: &Shared, mut segment: Segment, mode: FsyncMode) -> std::io::Result<()> {
     let mut written_upto = *shared.durable.borrow();
@@ -254,9 +323,9 @@ fn flush_loop(shared: &Shared, mut segment: Segment, mode: FsyncMode) -> std::io
     let mut unsynced = false;
     let mut retry_pause = Duration::from_millis(10);
     loop {
-        let (bytes, upto, closing) = {
+        let (bytes, upto, closing, rotation) = {
             let mut pending = shared.pending.lock();
-            while pending.bytes.is_empty() && !pending.closing {
+            while pending.bytes.is_empty() && !pending.closing && pending.rotation.is_none() {
                 let wait = match mode {
                     FsyncMode::Interval(interval) if unsynced => {
                         interval.saturating_sub(last_sync.elapsed())
@@ -271,8 +340,16 @@ fn flush_loop(shared: &Shared, mut segment: Segment, mode: FsyncMode) -> std::io
                 std::mem::take(&mut pending.bytes),
                 pending.appended,
                 pending.closing,
+                pending.rotation.take(),
             )
         };
+        if let Some(rotation) = rotation {
+            let unwritten = rotate(shared, &mut segment, rotation, bytes);
+            let mut pending = shared.pending.lock();
+            let newer = std::mem::replace(&mut pending.bytes, unwritten);
+            pending.bytes.extend_from_slice(&newer);
+            continue;
+        }
         if !bytes.is_empty() {
             if let Err(error) = segment.write(&bytes) {
                 if !shared.failing.swap(true, Ordering::Relaxed) {

@@ -7,7 +7,9 @@
 //!   a torn tail (a crash mid-append) from corruption.
 //! - [`journal`]: appending records with group commit and the `--fsync` modes, surviving a
 //!   full disk.
+//! - [`store`]: the data directory (lock, file layout), recovery, and snapshots.
 
 pub mod journal;
 pub mod log;
 pub mod record;
+pub mod store;

@@ -23,7 +23,7 @@ const INTERVAL: Duration = Duration::from_millis(150);
 
 /// Wheel keys (1 s) and heap keys (700 ms) alternate.
 fn ttl_of(key_idx: usize) -> Duration {
-    if key_idx % 2 == 0 {
+    if key_idx.is_multiple_of(2) {
         Duration::from_millis(1_000)
     } else {
         Duration::from_millis(700)

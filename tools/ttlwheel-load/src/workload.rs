@@ -23,7 +23,7 @@ impl Ttl {
     fn write_field(self, out: &mut Vec<u8>) {
         let millis = self.0.as_millis() as u64;
         let mut number = itoa::Buffer::new();
-        if millis % 1000 == 0 {
+        if millis.is_multiple_of(1000) {
             out.extend_from_slice(b"\"ttl_s\":");
             out.extend_from_slice(number.format(millis / 1000).as_bytes());
         } else {

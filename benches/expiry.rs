@@ -524,7 +524,7 @@ fn heap_expire_persist(c: &mut Criterion) {
     group.bench_function("persist+expire", |b| {
         b.iter(|| {
             let key = &keys[rng.next_idx(n)];
-            ours.registry.persist(key, now);
+            ours.registry.persist(key, now).unwrap();
             ours.registry
                 .expire(key, ExpireAt::In(30_500), None, now)
                 .unwrap()

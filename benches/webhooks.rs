@@ -199,7 +199,7 @@ fn main() {
         .unwrap();
     runtime.block_on(async move {
         let (url, tally) = start_receiver().await;
-        let mut config = Config::defaults();
+        let mut config = Config::ephemeral();
         config.webhook_urls = vec![url.parse().unwrap()];
         config.webhook_secret = Some("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".parse().unwrap());
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -141,6 +141,36 @@ pub struct Config {
     /// Log format.
     #[arg(long, env = "TTLWHEEL_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+
+    /// Where keys are persisted (a log and snapshots, see the README's "Persistence and
+    /// restarts"); created if missing, and owned by one process at a time. An empty value is
+    /// `--ephemeral`.
+    #[arg(long, env = "TTLWHEEL_DATA_DIR", default_value = "ttlwheel-data")]
+    pub data_dir: std::path::PathBuf,
+
+    /// Keep everything in memory only, as before persistence: a restart forgets every key.
+    /// For tests and benchmarks.
+    #[arg(long, env = "TTLWHEEL_EPHEMERAL")]
+    pub ephemeral: bool,
+
+    /// When the log is synced to disk: `always` (a change is answered once it is on disk;
+    /// concurrent requests share a sync), `interval` (every `--fsync-interval`: a crash loses
+    /// at most that window, a clean stop nothing), `never` (the operating system decides).
+    #[arg(long, env = "TTLWHEEL_FSYNC", value_enum, default_value = "interval")]
+    pub fsync: FsyncPolicy,
+
+    /// The sync period of `--fsync interval`, e.g. `100ms`, `1s`.
+    #[arg(long, env = "TTLWHEEL_FSYNC_INTERVAL", default_value = "100ms",
+          value_parser = parse_positive_duration)]
+    pub fsync_interval: Duration,
+}
+
+/// `--fsync`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum FsyncPolicy {
+    Always,
+    Interval,
+    Never,
 }
 
 /// An event kind that can be sent to webhooks.
@@ -229,5 +259,25 @@ impl Config {
     /// The embedded defaults, as `ttlwheel` with no flags and no environment would run.
     pub fn defaults() -> Self {
         Self::parse_from(["ttlwheel"])
+    }
+
+    /// The embedded defaults, memory only: what tests and benchmarks run (many servers at once
+    /// cannot share one data directory).
+    pub fn ephemeral() -> Self {
+        Self::parse_from(["ttlwheel", "--ephemeral"])
+    }
+
+    /// The data directory, unless running memory-only.
+    pub fn persistence(&self) -> Option<(&std::path::Path, crate::persist::journal::FsyncMode)> {
+        use crate::persist::journal::FsyncMode;
+        if self.ephemeral || self.data_dir.as_os_str().is_empty() {
+            return None;
+        }
+        let mode = match self.fsync {
+            FsyncPolicy::Always => FsyncMode::Always,
+            FsyncPolicy::Interval => FsyncMode::Interval(self.fsync_interval),
+            FsyncPolicy::Never => FsyncMode::Never,
+        };
+        Some((&self.data_dir, mode))
     }
 }

@@ -52,6 +52,9 @@ pub struct Event {
     pub occurred_at_ms: u64,
     /// `occurred_at - deadline` for an expiry; 0 for a deletion.
     pub lateness_ms: u64,
+    /// An expiry of a key restored from the persistence log at start-up and not renewed since:
+    /// its deadline was set by the restart rule (restart + TTL), not by a heartbeat.
+    pub restored: bool,
 }
 
 impl EventKind {
@@ -91,7 +94,7 @@ impl Serialize for EventData<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
         let event = self.0;
-        let mut data = serializer.serialize_struct("EventData", 9)?;
+        let mut data = serializer.serialize_struct("EventData", 10)?;
         data.serialize_field("key", &event.key)?;
         data.serialize_field("service", &event.service.as_ref().map(|s| s.as_str()))?;
         data.serialize_field("meta", &event.meta.as_ref().map(|meta| meta.raw()))?;
@@ -101,6 +104,7 @@ impl Serialize for EventData<'_> {
         data.serialize_field("deadline", &event.deadline_ms.map(rfc3339))?;
         data.serialize_field("occurred_at", &rfc3339(event.occurred_at_ms))?;
         data.serialize_field("lateness_ms", &event.lateness_ms)?;
+        data.serialize_field("restored", &event.restored)?;
         data.end()
     }
 }

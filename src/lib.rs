@@ -41,6 +41,8 @@ use tokio::time::Instant;
 use config::Config;
 use metrics::Metrics;
 use notify::Notifier;
+use persist::journal::FsyncMode;
+use persist::store::DataDir;
 use registry::{Registry, RegistryConfig};
 use stream::EventHub;
 use types::Ttl;
@@ -60,23 +62,43 @@ pub fn registry_config(config: &Config) -> RegistryConfig {
 /// part (the metrics, say) call the two themselves.
 pub struct Service {
     app: axum::Router,
+    registry: Arc<Registry>,
     metrics: Arc<Metrics>,
     notifier: Arc<Notifier>,
     hub: Arc<EventHub>,
-    /// Sending (or dropping) it stops the ticker.
-    stop_ticker: tokio::sync::oneshot::Sender<()>,
-    ticker: tokio::task::JoinHandle<()>,
+    /// The data directory, unless memory-only.
+    data_dir: Option<Arc<DataDir>>,
+    /// Sending (or dropping) it stops the ticker (and the snapshots).
+    stop_ticker: tokio::sync::watch::Sender<bool>,
+    /// Recovery, then the ticker until stopped; an error if recovery failed.
+    lifecycle: tokio::task::JoinHandle<Result<(), String>>,
+    /// Resolves (with the error) if recovery fails, which stops the server.
+    recovery_failed: Option<tokio::sync::oneshot::Receiver<String>>,
     /// The task that feeds the stream ring and the event counters.
     observer: tokio::task::JoinHandle<()>,
 }
 
+/// Records appended since the last snapshot that make the next one due: the log then holds
+/// at most about this many records beyond the state (about 60 bytes each for a creation).
+pub const SNAPSHOT_AFTER_RECORDS: u64 = 1_000_000;
+/// How often the snapshot rule is looked at.
+const SNAPSHOT_CHECK: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl Service {
-    /// Builds every part from `config` and starts the background tasks (ticker, webhook
-    /// delivery, event feed). Must be called within a tokio runtime.
+    /// Builds every part from `config` and starts the background tasks (recovery from the data
+    /// directory, then the ticker and snapshots; webhook delivery; the event feed). Must be
+    /// called within a tokio runtime. Fails at once if the data directory is in use.
     pub fn start(config: &Config) -> std::io::Result<Self> {
         let registry = Arc::new(Registry::new(registry_config(config), Instant::now()));
         let default_ttl = Ttl::from_secs(config.default_ttl)
             .map_err(|invalid| std::io::Error::new(std::io::ErrorKind::InvalidInput, invalid))?;
+        let persistence = match config.persistence() {
+            Some((path, mode)) => Some((
+                Arc::new(DataDir::open(path).map_err(std::io::Error::other)?),
+                mode,
+            )),
+            None => None,
+        };
         let notifier = Notifier::start(config.webhook_settings(), registry.subscribe())
             .map_err(|error| std::io::Error::other(error.to_string()))?;
         let hub = Arc::new(EventHub::new(config.events_ring as usize));
@@ -89,20 +111,23 @@ impl Service {
             let metrics = Arc::clone(&metrics);
             move |event| metrics.observe(event)
         }));
-        let (stop_ticker, ticker_stopped) = tokio::sync::oneshot::channel::<()>();
-        let ticker = tokio::spawn(ticker::run_timed(
-            Arc::clone(&registry),
-            {
-                let metrics = Arc::clone(&metrics);
-                move |took| metrics.observe_sweep(took)
-            },
-            async {
-                // An error means the sender is gone, which also means: stop.
-                let _ = ticker_stopped.await;
-            },
-        ));
+        let ready = Arc::new(std::sync::atomic::AtomicBool::new(persistence.is_none()));
+        let (stop_ticker, stopped) = tokio::sync::watch::channel(false);
+        let (failed, recovery_failed) = tokio::sync::oneshot::channel();
+        let lifecycle = tokio::spawn(lifecycle(Lifecycle {
+            registry: Arc::clone(&registry),
+            persistence: persistence.clone(),
+            ready: Arc::clone(&ready),
+            metrics: Arc::clone(&metrics),
+            stopped,
+            failed,
+        }));
         let app = http::app(http::AppState::new(http::Shared {
-            registry,
+            registry: Arc::clone(&registry),
+            ready,
+            fsync_always: persistence
+                .as_ref()
+                .is_some_and(|(_, mode)| *mode == FsyncMode::Always),
             default_ttl,
             notifier: Arc::clone(&notifier),
             hub: Arc::clone(&hub),
@@ -110,11 +135,14 @@ impl Service {
         }));
         Ok(Self {
             app,
+            registry,
             metrics,
             notifier,
             hub,
+            data_dir: persistence.map(|(dir, _)| dir),
             stop_ticker,
-            ticker,
+            lifecycle,
+            recovery_failed: Some(recovery_failed),
             observer,
         })
     }
@@ -124,29 +152,172 @@ impl Service {
         &self.metrics
     }
 
-    /// Serves the API on `listener` until `shutdown` resolves: then stops accepting, finishes
-    /// in-flight requests, stops the ticker, gives webhook deliveries up to the drain timeout,
-    /// and returns.
+    /// Serves the API on `listener` until `shutdown` resolves (or recovery fails): then stops
+    /// accepting, finishes in-flight requests, stops the ticker, gives webhook deliveries up to
+    /// the drain timeout, writes a snapshot and closes the log, and returns.
     pub async fn serve(
-        self,
+        mut self,
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let closing_hub = Arc::clone(&self.hub);
+        let recovery_failed = self.recovery_failed.take().expect("serve runs once");
         let served = axum::serve(listener, self.app)
             .with_graceful_shutdown(async move {
-                shutdown.await;
+                tokio::select! {
+                    () = shutdown => {}
+                    Ok(_) = recovery_failed => {}
+                }
                 // Event streams never end on their own; end them so in-flight requests can finish.
                 closing_hub.close();
             })
             .await;
-        let _ = self.stop_ticker.send(());
-        if let Err(panicked) = self.ticker.await {
-            tracing::error!(%panicked, "the ticker task failed");
-        }
+        let _ = self.stop_ticker.send(true);
+        let recovered = match self.lifecycle.await {
+            Ok(result) => result,
+            Err(panicked) => Err(format!("the ticker task failed: {panicked}")),
+        };
         self.notifier.shutdown().await;
         self.observer.abort();
+        if let Err(error) = recovered {
+            return Err(std::io::Error::other(error));
+        }
+        if let Some(dir) = self.data_dir {
+            close_data_dir(self.registry, dir).await;
+        }
         served
+    }
+}
+
+/// What the lifecycle task needs.
+struct Lifecycle {
+    registry: Arc<Registry>,
+    persistence: Option<(Arc<DataDir>, FsyncMode)>,
+    ready: Arc<std::sync::atomic::AtomicBool>,
+    metrics: Arc<Metrics>,
+    stopped: tokio::sync::watch::Receiver<bool>,
+    failed: tokio::sync::oneshot::Sender<String>,
+}
+
+/// Recovers from the data directory (if any), then runs the ticker, and the snapshots, until
+/// stopped. The ticker starts only once recovery is done, so a key that a later record
+/// re-registers is never expired on the way.
+async fn lifecycle(parts: Lifecycle) -> Result<(), String> {
+    let Lifecycle {
+        registry,
+        persistence,
+        ready,
+        metrics,
+        mut stopped,
+        failed,
+    } = parts;
+    if let Some((dir, mode)) = &persistence {
+        let recovered = tokio::task::spawn_blocking({
+            let (registry, dir, mode) = (Arc::clone(&registry), Arc::clone(dir), *mode);
+            move || recover(&registry, &dir, mode)
+        })
+        .await
+        .map_err(|panicked| panicked.to_string())
+        .and_then(|result| result);
+        if let Err(error) = recovered {
+            tracing::error!(%error, "cannot recover from the data directory; stopping");
+            let _ = failed.send(error.clone());
+            return Err(error);
+        }
+        ready.store(true, std::sync::atomic::Ordering::Release);
+    }
+    let mut stopped_for_ticker = stopped.clone();
+    let ticker = ticker::run_timed(
+        Arc::clone(&registry),
+        move |took| metrics.observe_sweep(took),
+        async move {
+            // An error means the sender is gone, which also means: stop.
+            let _ = stopped_for_ticker.wait_for(|&stop| stop).await;
+        },
+    );
+    let snapshots = async {
+        let Some((dir, _)) = &persistence else {
+            return std::future::pending().await;
+        };
+        snapshot_when_due(&registry, dir).await
+    };
+    tokio::select! {
+        () = ticker => {}
+        () = snapshots => {}
+        _ = stopped.wait_for(|&stop| stop) => {}
+    }
+    Ok(())
+}
+
+/// Reads the data directory into `registry` and attaches the journal (blocking I/O).
+fn recover(registry: &Registry, dir: &DataDir, mode: FsyncMode) -> Result<(), String> {
+    let started = std::time::Instant::now();
+    let restart = Instant::now();
+    let recovery = dir
+        .recover(|record| registry.restore(record, restart))
+        .map_err(|error| error.to_string())?;
+    if let Some((path, offset, dropped)) = &recovery.torn {
+        tracing::warn!(path = %path.display(), offset, dropped,
+            "the log ended in a torn record (a crash mid-write): it was cut off there; nothing acknowledged with --fsync always is lost");
+    }
+    let journal = dir
+        .open_journal(&recovery, mode)
+        .map_err(|error| error.to_string())?;
+    registry.attach_journal(Arc::new(journal));
+    tracing::info!(
+        keys = registry.len(),
+        records = recovery.n_records,
+        snapshot_lsn = recovery.snapshot.unwrap_or(0),
+        took_ms = started.elapsed().as_millis() as u64,
+        data_dir = %dir.path().display(),
+        "recovered the registry from the data directory"
+    );
+    Ok(())
+}
+
+/// Writes a snapshot whenever [`SNAPSHOT_AFTER_RECORDS`] records have been appended since the
+/// last one, so the log stays bounded.
+async fn snapshot_when_due(registry: &Arc<Registry>, dir: &Arc<DataDir>) {
+    let mut last = registry.journal().map_or(0, |journal| journal.appended());
+    loop {
+        tokio::time::sleep(SNAPSHOT_CHECK).await;
+        let appended = registry.journal().map_or(0, |journal| journal.appended());
+        if appended.saturating_sub(last) < SNAPSHOT_AFTER_RECORDS {
+            continue;
+        }
+        let (registry, dir) = (Arc::clone(registry), Arc::clone(dir));
+        match tokio::task::spawn_blocking(move || registry.snapshot(&dir)).await {
+            Ok(Ok((lsn, size))) => {
+                last = lsn;
+                tracing::info!(lsn, size, "snapshot written; the log before it was removed");
+            }
+            Ok(Err(error)) => tracing::error!(%error, "cannot write a snapshot"),
+            Err(panicked) => tracing::error!(%panicked, "the snapshot task failed"),
+        }
+    }
+}
+
+/// On a clean stop: a snapshot (so the next start replays almost nothing), then the log closed.
+async fn close_data_dir(registry: Arc<Registry>, dir: Arc<DataDir>) {
+    let closed = tokio::task::spawn_blocking(move || {
+        let snapshot = registry.snapshot(&dir);
+        let closed = registry.journal().map(|journal| journal.close());
+        (snapshot, closed)
+    })
+    .await;
+    match closed {
+        Ok((Ok((lsn, size)), Some(Ok(())) | None)) => {
+            tracing::info!(lsn, size, "snapshot written at shutdown")
+        }
+        Ok((snapshot, closed)) => {
+            if let Err(error) = snapshot {
+                tracing::error!(%error, "cannot write the shutdown snapshot; the log has everything");
+            }
+            if let Some(Err(error)) = closed {
+                tracing::error!(%error, "cannot close the log cleanly");
+            }
+        }
+        Err(panicked) => tracing::error!(%panicked, "the shutdown snapshot failed"),
     }
 }
 

@@ -35,7 +35,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     tracing::info!(%address, max_ttl_s = config.max_ttl, default_ttl_s = config.default_ttl, "ttlwheel listening on http://{address}");
     ttlwheel::run(listener, config, shutdown_signal())
         .await
-        .context("serving")?;
+        .context("ttlwheel cannot go on")?;
     tracing::info!("ttlwheel stopped");
     Ok(())
 }

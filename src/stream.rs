@@ -210,6 +210,7 @@ mod tests {
             deadline_ms: Some(n + 1000),
             occurred_at_ms: n,
             lateness_ms: 0,
+            restored: false,
         }
     }
 

@@ -48,6 +48,12 @@ pub enum ApiError {
     PayloadTooLarge { limit: usize },
     #[error("content type must be application/json")]
     UnsupportedMediaType,
+    /// The change must be logged and the log cannot be written.
+    #[error("{0}")]
+    StorageUnavailable(String),
+    /// The service is still recovering its state from the data directory.
+    #[error("the service is recovering its state from disk; try again shortly")]
+    Recovering,
     /// A bug or a failure of ours; the detail is logged, not sent.
     #[error("internal error")]
     Internal(String),
@@ -72,6 +78,7 @@ impl ApiError {
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::StorageUnavailable(_) | Self::Recovering => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -93,6 +100,8 @@ impl ApiError {
             Self::MethodNotAllowed => "method_not_allowed",
             Self::PayloadTooLarge { .. } => "payload_too_large",
             Self::UnsupportedMediaType => "unsupported_media_type",
+            Self::StorageUnavailable(_) => "storage_unavailable",
+            Self::Recovering => "recovering",
             Self::Internal(_) => "internal",
         }
     }
@@ -125,6 +134,7 @@ impl From<RegistryError> for ApiError {
         match error {
             RegistryError::Invalid(invalid) => invalid.into(),
             RegistryError::TooManyServices => Self::TooManyServices(error.to_string()),
+            RegistryError::StorageUnavailable => Self::StorageUnavailable(error.to_string()),
         }
     }
 }

@@ -11,6 +11,7 @@ use axum::http::HeaderMap;
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
+use super::AppState;
 use crate::types::Key;
 
 /// Largest body of a single-item request.
@@ -155,5 +156,21 @@ fn query_problem(rejection: &QueryRejection) -> String {
             }
         }
         other => other.body_text(),
+    }
+}
+
+/// The app state, once recovery has finished: a route that reads or changes keys takes this
+/// instead of `State`, and answers 503 `recovering` before that.
+pub struct Ready(pub AppState);
+
+impl FromRequestParts<AppState> for Ready {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(_parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        if state.is_ready() {
+            Ok(Self(state.clone()))
+        } else {
+            Err(ApiError::Recovering)
+        }
     }
 }

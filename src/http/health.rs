@@ -15,8 +15,15 @@ use crate::ticker;
 pub const MAX_LAG_S: u64 = 2;
 
 /// 200 `{"status":"ok"}` while the ticker keeps up; 503 `{"status":"lagging","lag_s":n}` when it
-/// has fallen behind (expiries are late), so a load balancer or orchestrator can react.
+/// has fallen behind (expiries are late), so a load balancer or orchestrator can react; 503
+/// `{"status":"recovering"}` until the state is read back from the data directory.
 pub async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
+    if !state.is_ready() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({ "status": "recovering" })),
+        );
+    }
     let lag_s = ticker::lag_s(&state.registry, Instant::now());
     if lag_s <= MAX_LAG_S {
         (StatusCode::OK, Json(json!({ "status": "ok" })))

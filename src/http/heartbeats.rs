@@ -1,6 +1,5 @@
 //! `POST /v1/heartbeats` and `POST /v1/heartbeats/batch`: register or renew keys.
 
-use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
@@ -8,7 +7,7 @@ use serde_json::value::RawValue;
 use tokio::time::Instant;
 
 use super::error::ApiError;
-use super::extract::{parse_json, JsonBytes, QueryParams, BATCH_BODY_LIMIT, BODY_LIMIT};
+use super::extract::{parse_json, JsonBytes, QueryParams, Ready, BATCH_BODY_LIMIT, BODY_LIMIT};
 use super::{rfc3339, AppState, Rfc3339};
 use crate::expiry::TimerKind;
 use crate::registry::{Heartbeat, HeartbeatOutcome};
@@ -43,11 +42,12 @@ pub struct HeartbeatResponse {
 }
 
 pub async fn heartbeats_post(
-    State(state): State<AppState>,
+    Ready(state): Ready,
     JsonBytes(body): JsonBytes<BODY_LIMIT>,
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
     let body: HeartbeatBody<'_> = parse_json(&body)?;
     let (key, outcome) = apply(&state, body, Instant::now())?;
+    state.durable(Some(outcome.lsn)).await?;
     Ok(Json(respond(key, outcome)))
 }
 
@@ -103,7 +103,7 @@ struct BatchError {
 }
 
 pub async fn heartbeats_batch(
-    State(state): State<AppState>,
+    Ready(state): Ready,
     QueryParams(query): QueryParams<BatchQuery>,
     JsonBytes(body): JsonBytes<BATCH_BODY_LIMIT>,
 ) -> Result<Response, ApiError> {
@@ -115,10 +115,22 @@ pub async fn heartbeats_batch(
         });
     }
     let now = Instant::now();
-    let outcomes = batch.heartbeats.into_iter().map(|item| {
-        parse_json::<HeartbeatBody<'_>>(item.get().as_bytes())
-            .and_then(|body| apply(&state, body, now))
-    });
+    let outcomes: Vec<Result<(Key, HeartbeatOutcome), ApiError>> = batch
+        .heartbeats
+        .into_iter()
+        .map(|item| {
+            parse_json::<HeartbeatBody<'_>>(item.get().as_bytes())
+                .and_then(|body| apply(&state, body, now))
+        })
+        .collect();
+    // One wait for the whole batch: its last record's sync covers every earlier one.
+    let last_lsn = outcomes
+        .iter()
+        .filter_map(|outcome| outcome.as_ref().ok().map(|(_, outcome)| outcome.lsn))
+        .max()
+        .unwrap_or(0);
+    state.durable(Some(last_lsn)).await?;
+    let outcomes = outcomes.into_iter();
     Ok(match query.results {
         ResultsMode::All => {
             let results = outcomes

@@ -1,6 +1,5 @@
 //! `/v1/keys`: liveness lists, one key, deregistration, and Redis-style TTL control.
 
-use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
@@ -8,8 +7,8 @@ use serde_json::value::RawValue;
 use tokio::time::Instant;
 
 use super::error::ApiError;
-use super::extract::{parse_json, JsonBytes, KeyPath, QueryParams, BODY_LIMIT};
-use super::{rfc3339, AppState, Rfc3339};
+use super::extract::{parse_json, JsonBytes, KeyPath, QueryParams, Ready, BODY_LIMIT};
+use super::{rfc3339, Rfc3339};
 use crate::expiry::TimerKind;
 use crate::registry::{
     ExpireAt, ExpireCondition, ExpireOutcome, ExpiredView, KeyState, KeyView, ListFilter,
@@ -118,7 +117,7 @@ pub struct ListResponse {
 }
 
 pub async fn keys_list(
-    State(state): State<AppState>,
+    Ready(state): Ready,
     QueryParams(params): QueryParams<ListParams>,
 ) -> Result<Json<ListResponse>, ApiError> {
     let limit = page_limit(params.limit)?;
@@ -172,7 +171,7 @@ pub async fn keys_list(
 }
 
 pub async fn keys_get(
-    State(state): State<AppState>,
+    Ready(state): Ready,
     KeyPath(key): KeyPath,
 ) -> Result<Json<AliveKey>, ApiError> {
     let view = state
@@ -183,10 +182,11 @@ pub async fn keys_get(
 }
 
 pub async fn keys_delete(
-    State(state): State<AppState>,
+    Ready(state): Ready,
     KeyPath(key): KeyPath,
 ) -> Result<StatusCode, ApiError> {
-    if state.registry.delete(&key, Instant::now()) {
+    if state.registry.delete(&key, Instant::now())? {
+        state.durable(None).await?;
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::KeyNotFound)
@@ -200,7 +200,7 @@ pub struct TtlResponse {
 }
 
 pub async fn ttl_get(
-    State(state): State<AppState>,
+    Ready(state): Ready,
     KeyPath(key): KeyPath,
 ) -> Result<Json<TtlResponse>, ApiError> {
     match state.registry.state(&key, Instant::now()) {
@@ -237,7 +237,7 @@ pub struct ExpireResponse {
 }
 
 pub async fn ttl_put(
-    State(state): State<AppState>,
+    Ready(state): Ready,
     KeyPath(key): KeyPath,
     JsonBytes(body): JsonBytes<BODY_LIMIT>,
 ) -> Result<Json<ExpireResponse>, ApiError> {
@@ -275,6 +275,9 @@ pub async fn ttl_put(
             ttl_ms: None,
         },
     };
+    if response.applied {
+        state.durable(None).await?;
+    }
     Ok(Json(response))
 }
 
@@ -284,12 +287,15 @@ pub struct PersistResponse {
 }
 
 pub async fn ttl_delete(
-    State(state): State<AppState>,
+    Ready(state): Ready,
     KeyPath(key): KeyPath,
 ) -> Result<Json<PersistResponse>, ApiError> {
     let applied = state
         .registry
-        .persist(&key, Instant::now())
+        .persist(&key, Instant::now())?
         .ok_or(ApiError::KeyNotFound)?;
+    if applied {
+        state.durable(None).await?;
+    }
     Ok(Json(PersistResponse { applied }))
 }

@@ -48,10 +48,51 @@ impl std::ops::Deref for AppState {
     }
 }
 
+impl AppState {
+    /// With `--fsync always`, waits until the log records of the change just made are on disk
+    /// (`lsn`: the change's last record; `None`: everything appended so far, which includes
+    /// it). Answers `storage_unavailable` if the log cannot be written meanwhile: the change
+    /// is then not acknowledged. Other modes acknowledge at once.
+    pub async fn durable(&self, lsn: Option<u64>) -> Result<(), ApiError> {
+        if !self.fsync_always {
+            return Ok(());
+        }
+        let Some(journal) = self.registry.journal() else {
+            return Ok(());
+        };
+        let lsn = lsn.unwrap_or_else(|| journal.appended());
+        if lsn == 0 {
+            return Ok(());
+        }
+        loop {
+            let synced = tokio::time::timeout(DURABLE_POLL, journal.durable(lsn)).await;
+            if synced.is_ok() {
+                return Ok(());
+            }
+            if journal.is_failing() {
+                return Err(crate::registry::RegistryError::StorageUnavailable.into());
+            }
+        }
+    }
+
+    /// Whether recovery has finished (always, without a data directory).
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+/// How often a request waiting for its sync checks whether the log has started failing.
+const DURABLE_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// The state's fields.
 #[derive(Debug)]
 pub struct Shared {
     pub registry: Arc<Registry>,
+    /// Set once recovery from the data directory has finished: until then the registry routes
+    /// answer 503 `recovering`.
+    pub ready: Arc<std::sync::atomic::AtomicBool>,
+    /// `--fsync always`: changes are answered once their log records are on disk.
+    pub fsync_always: bool,
     /// TTL of a heartbeat that names none (`--default-ttl`).
     pub default_ttl: Ttl,
     /// Webhook delivery, for its status and dead letters.

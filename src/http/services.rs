@@ -1,11 +1,10 @@
 //! `GET /v1/services`: alive and recently expired counts per service, for the keys without a
 //! service, and in total.
 
-use axum::extract::State;
 use axum::Json;
 use serde::Serialize;
 
-use super::AppState;
+use super::extract::Ready;
 
 #[derive(Debug, Serialize)]
 pub struct ServiceEntry {
@@ -29,7 +28,7 @@ pub struct ServicesResponse {
     total: Counts,
 }
 
-pub async fn services_list(State(state): State<AppState>) -> Json<ServicesResponse> {
+pub async fn services_list(Ready(state): Ready) -> Json<ServicesResponse> {
     let overview = state.registry.service_counts();
     let unassigned = overview.without_service;
     let total = overview.services.iter().fold(

@@ -150,6 +150,7 @@ mod tests {
                     deadline_ms: None,
                     occurred_at_ms: n,
                     lateness_ms: 0,
+                    restored: false,
                 },
             }),
             attempts: 8,

@@ -254,6 +254,7 @@ mod tests {
                 deadline_ms: Some(1000),
                 occurred_at_ms: 1000 + sequence,
                 lateness_ms: 0,
+                restored: false,
             },
         })
     }

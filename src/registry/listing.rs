@@ -137,17 +137,18 @@ impl OrderedIndex {
 pub struct ExpiredRecord {
     pub service: ServiceId,
     pub meta: Option<Meta>,
-    /// Epoch ms.
-    pub last_heartbeat_ms: u64,
-    /// Epoch ms.
-    pub expired_ms: u64,
+    /// Unix ms (not registry-epoch ms: a record restored from the persistence log may predate
+    /// this process).
+    pub last_heartbeat_unix_ms: u64,
+    /// Unix ms.
+    pub expired_unix_ms: u64,
 }
 
 /// Recently expired keys, kept for a retention time and up to a count.
 #[derive(Debug)]
 pub(super) struct ExpiredLog {
     by_key: HashMap<Key, ExpiredRecord, foldhash::fast::RandomState>,
-    /// Expiries oldest first. May hold entries whose key was re-registered or expired again
+    /// Expiries oldest first (Unix ms). May hold entries whose key was re-registered or expired again
     /// since; those are skipped when they reach the front. Its length is what `max_len` bounds.
     order: VecDeque<(u64, Key)>,
     retention_ms: u64,
@@ -171,13 +172,23 @@ impl ExpiredLog {
         if self.max_len == 0 {
             return;
         }
-        let expired_ms = record.expired_ms;
+        let expired_ms = record.expired_unix_ms;
         *self.by_service.entry(record.service).or_default() += 1;
         if let Some(old) = self.by_key.insert(key.clone(), record) {
             self.uncount(old.service);
         }
         self.order.push_back((expired_ms, key));
         self.prune(expired_ms);
+    }
+
+    /// The record of `key`, if it is listed.
+    pub fn get(&self, key: &Key) -> Option<&ExpiredRecord> {
+        self.by_key.get(key)
+    }
+
+    /// Every listed record, in no particular order.
+    pub fn records(&self) -> impl Iterator<Item = (&Key, &ExpiredRecord)> {
+        self.by_key.iter()
     }
 
     /// Forgets `key` (it was registered again).
@@ -188,6 +199,7 @@ impl ExpiredLog {
     }
 
     /// Drops records older than the retention time, and the oldest past the count bound.
+    /// `now_ms` is Unix ms, like the records' times.
     pub fn prune(&mut self, now_ms: u64) {
         while let Some((expired_ms, _)) = self.order.front() {
             let too_old = expired_ms.saturating_add(self.retention_ms) <= now_ms;
@@ -198,7 +210,7 @@ impl ExpiredLog {
             if self
                 .by_key
                 .get(&key)
-                .is_some_and(|record| record.expired_ms == expired_ms)
+                .is_some_and(|record| record.expired_unix_ms == expired_ms)
             {
                 let record = self.by_key.remove(&key).expect("present");
                 self.uncount(record.service);
@@ -251,7 +263,7 @@ impl ExpiredLog {
         for (key, record) in &self.by_key {
             assert!(!is_alive(key), "{key} is both alive and listed as expired");
             assert!(
-                in_order.contains(&(record.expired_ms, key)),
+                in_order.contains(&(record.expired_unix_ms, key)),
                 "{key}'s expiry is not in the age order, so it would never be pruned"
             );
             *counts.entry(record.service).or_default() += 1;
@@ -307,8 +319,8 @@ mod tests {
         let record = |expired_ms| ExpiredRecord {
             service: ServiceId::NONE,
             meta: None,
-            last_heartbeat_ms: 0,
-            expired_ms,
+            last_heartbeat_unix_ms: 0,
+            expired_unix_ms: expired_ms,
         };
         log.record(Key::new("a").unwrap(), record(10));
         log.record(Key::new("b").unwrap(), record(20));

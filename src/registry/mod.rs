@@ -20,6 +20,7 @@
 //! whose deadline has passed is expired on the spot by whichever operation touches it first
 //! (exactly one `expired` event either way).
 
+mod durable;
 mod listing;
 mod ops;
 mod services;
@@ -29,6 +30,7 @@ mod sweep;
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::{Arc, OnceLock};
 
 use foldhash::fast::RandomState;
 use parking_lot::Mutex;
@@ -46,6 +48,7 @@ pub use sweep::{SweepReport, SWEEP_CHUNK};
 use crate::clock::{Clock, Now};
 use crate::events::{EventBus, EventReceiver};
 use crate::expiry::TimerKind;
+use crate::persist::journal::Journal;
 use crate::types::{InvalidInput, Key, ServiceName, MAX_TTL_MS};
 use services::ServiceTable;
 use shard::{EntryView, Shard};
@@ -94,6 +97,15 @@ struct Ctx<'a> {
     clock: &'a Clock,
     services: &'a ServiceTable,
     events: &'a EventBus,
+    /// Where durable changes are logged; `None` in memory-only mode and during recovery.
+    journal: Option<&'a Journal>,
+}
+
+impl Ctx<'_> {
+    /// Whether changes that must be logged are refused now (the log cannot be written).
+    fn refuses_durable_writes(&self) -> bool {
+        self.journal.is_some_and(Journal::is_failing)
+    }
 }
 
 /// A shard on its own cache lines, so that two cores locking neighbouring shards do not
@@ -113,6 +125,9 @@ pub struct Registry {
     sweep_state: Mutex<SweepState>,
     /// The last tick whose buckets were fully processed in every shard.
     swept_through: AtomicU32,
+    /// Where durable changes are logged, once attached (after recovery); never in memory-only
+    /// mode.
+    journal: OnceLock<Arc<Journal>>,
     /// The heap deadline (epoch ms) the ticker sleeps until; an earlier one wakes it.
     heap_wakeup_ms: AtomicU64,
     wakeup: Notify,
@@ -136,6 +151,7 @@ impl Registry {
             clock: &clock,
             services: &services,
             events: &events,
+            journal: None,
         };
         let shards = (0..config.shards)
             .map(|_| PaddedShard(Mutex::new(Shard::new(&ctx, hasher, expired_per_shard))))
@@ -148,6 +164,7 @@ impl Registry {
             services,
             events,
             sweep_state: Mutex::new(SweepState::default()),
+            journal: OnceLock::new(),
             swept_through: AtomicU32::new(0),
             heap_wakeup_ms: AtomicU64::new(u64::MAX),
             wakeup: Notify::new(),
@@ -209,7 +226,7 @@ impl Registry {
         let ttl_ms = heartbeat.ttl.as_millis();
         let now = self.clock.at(now);
         let (hash, shard) = self.shard_of(&heartbeat.key);
-        let renewal = {
+        let (renewal, lsn) = {
             let ctx = self.ctx();
             let mut shard = shard.lock();
             let renewal = shard.heartbeat(
@@ -222,8 +239,8 @@ impl Registry {
                 now,
             );
             // A heartbeat on a due key expires it first: publish that event.
-            shard.flush_events(&ctx);
-            renewal
+            let lsn = shard.flush_events(&ctx);
+            (renewal?, lsn)
         };
         if renewal.timer == TimerKind::Heap {
             self.wake_for_heap_deadline(renewal.deadline_ms);
@@ -238,6 +255,7 @@ impl Registry {
             expires_in_ms: (renewal.deadline_ms - now.ms).min(ttl_ms),
             expires_at_ms: self.clock.unix_ms(renewal.deadline_ms),
             timer: renewal.timer,
+            lsn,
         })
     }
 
@@ -255,13 +273,13 @@ impl Registry {
     }
 
     /// PERSIST: `None` when the key is missing, else whether a TTL was removed.
-    pub fn persist(&self, key: &Key, now: Instant) -> Option<bool> {
+    pub fn persist(&self, key: &Key, now: Instant) -> Result<Option<bool>, RegistryError> {
         let now = self.clock.at(now);
         self.with_shard(key, |hash, shard, ctx| shard.persist(hash, key, ctx, now))
     }
 
     /// DEL: whether the key existed. Publishes a `deleted` event.
-    pub fn delete(&self, key: &Key, now: Instant) -> bool {
+    pub fn delete(&self, key: &Key, now: Instant) -> Result<bool, RegistryError> {
         let now = self.clock.at(now);
         self.with_shard(key, |hash, shard, ctx| shard.delete(hash, key, ctx, now))
     }
@@ -288,9 +306,10 @@ impl Registry {
             return Err(InvalidInput::Ttl.into());
         }
         let ttl_ms = ttl_ms.max(0) as u64;
+        let absolute = matches!(at, ExpireAt::AtUnixMs(_));
         let outcome = self.with_shard(key, |hash, shard, ctx| {
-            shard.expire(hash, key, target_ms, ttl_ms, condition, ctx, now)
-        });
+            shard.expire(hash, key, target_ms, ttl_ms, absolute, condition, ctx, now)
+        })?;
         if let ExpireOutcome::Applied { .. } = outcome {
             self.wake_for_heap_deadline(target_ms as u64);
         }
@@ -334,8 +353,8 @@ impl Registry {
                 key,
                 service: self.services.name(record.service),
                 meta: record.meta,
-                last_heartbeat_at_ms: self.clock.unix_ms(record.last_heartbeat_ms),
-                expired_at_ms: self.clock.unix_ms(record.expired_ms),
+                last_heartbeat_at_ms: record.last_heartbeat_unix_ms,
+                expired_at_ms: record.expired_unix_ms,
             })
             .collect();
         (page, more)
@@ -383,6 +402,7 @@ impl Registry {
             clock: &self.clock,
             services: &self.services,
             events: &self.events,
+            journal: self.journal.get().map(|journal| &**journal),
         }
     }
 
@@ -435,8 +455,8 @@ impl Registry {
             expires_at_ms: view
                 .deadline_ms
                 .map(|deadline_ms| self.clock.unix_ms(deadline_ms)),
-            registered_at_ms: self.clock.unix_ms(view.registered_ms),
-            last_heartbeat_at_ms: self.clock.unix_ms(view.last_heartbeat_ms),
+            registered_at_ms: view.registered_unix_ms,
+            last_heartbeat_at_ms: view.last_heartbeat_unix_ms,
             timer: view.timer,
         }
     }

@@ -28,6 +28,9 @@ pub struct HeartbeatOutcome {
     pub expires_in_ms: u64,
     pub expires_at_ms: u64,
     pub timer: TimerKind,
+    /// The LSN of the log record the heartbeat wrote, 0 when it wrote none (a renewal that
+    /// changed only the deadline, or no journal): `--fsync always` answers once it is durable.
+    pub lsn: u64,
 }
 
 /// A snapshot of an alive key. Times are Unix ms.
@@ -124,6 +127,13 @@ pub enum RegistryError {
     Invalid(#[from] InvalidInput),
     #[error("too many distinct service names (at most {MAX_SERVICES})")]
     TooManyServices,
+    /// The change must be logged and the persistence log cannot be written (a full disk):
+    /// nothing was changed. Renewals that change nothing durable still work.
+    #[error(
+        "the persistence log cannot be written (is the disk full?): changes that must be \
+         durable are refused until it can; renewals of existing keys still work"
+    )]
+    StorageUnavailable,
 }
 
 /// Per-service counts for the services overview.

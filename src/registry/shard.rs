@@ -27,12 +27,14 @@ use std::hash::BuildHasher;
 use super::listing::{ExpiredLog, ExpiredRecord, ListFilter, OrderedIndex};
 use super::services::ServiceId;
 use super::slots::Slots;
-use super::{Ctx, ExpireCondition, ExpireOutcome, KeyState};
+use super::{Ctx, ExpireCondition, ExpireOutcome, KeyState, RegistryError};
 use crate::clock::Now;
 use crate::events::{Event, EventKind};
 use crate::expiry::heap::DeadlineHeap;
 use crate::expiry::wheel::{SlotId, Tick, TimingWheel};
 use crate::expiry::TimerKind;
+use crate::persist::journal::Lsn;
+use crate::persist::record::{ExpiredState, Expiry, KeyState as DurableKey, Record};
 use crate::types::{Key, Meta};
 
 /// `deadline_ms` of a key without a TTL.
@@ -90,21 +92,51 @@ struct Entry {
     deadline_ms: u64,
     /// The TTL last given (by a heartbeat or an EXPIRE); meaningless when persistent.
     ttl_ms: u64,
-    /// Epoch ms.
-    last_heartbeat_ms: u64,
-    /// Registration time, epoch seconds and the milliseconds past them: split so that, with the
-    /// 2-byte service id, they fill 8 bytes (a `u64` of ms would make the entry 80 bytes). Kept
-    /// to the millisecond so that `registered_at` is never before the request that created it.
-    registered_s: u32,
-    registered_subsec_ms: u16,
+    /// Unix ms (display only; Unix rather than epoch time because a key restored from the
+    /// persistence log may predate this process).
+    last_heartbeat_unix_ms: u64,
+    /// Registration time, Unix seconds (good until 2106), and in [`Entry::flags`] the
+    /// milliseconds past them: split so that, with the 2-byte service id, they fill 8 bytes (a
+    /// `u64` of ms would make the entry 80 bytes). Kept to the millisecond so that
+    /// `registered_at` is never before the request that created it.
+    registered_unix_s: u32,
+    /// Low 10 bits: the registration's milliseconds; [`ABSOLUTE`] and [`RESTORED`] above.
+    flags: u16,
     service: ServiceId,
     timer: TimerRef,
 }
 
+/// `Entry::flags`: the deadline is an instant a client gave (PEXPIREAT), kept across a restart
+/// as it is; without it the deadline is relative (restart + TTL after a restart).
+const ABSOLUTE: u16 = 1 << 15;
+/// `Entry::flags`: restored from the persistence log at start-up and not renewed since; its
+/// expiry event says so.
+const RESTORED: u16 = 1 << 14;
+/// `Entry::flags`: the registration's milliseconds.
+const SUBSEC_MS: u16 = (1 << 10) - 1;
+
 impl Entry {
-    /// Registration time in epoch ms.
-    fn registered_ms(&self) -> u64 {
-        u64::from(self.registered_s) * 1000 + u64::from(self.registered_subsec_ms)
+    /// Registration time in Unix ms.
+    fn registered_unix_ms(&self) -> u64 {
+        u64::from(self.registered_unix_s) * 1000 + u64::from(self.flags & SUBSEC_MS)
+    }
+
+    /// `flags` for a registration at `unix_ms`, with no flag set.
+    fn registered_at(unix_ms: u64) -> (u32, u16) {
+        ((unix_ms / 1000) as u32, (unix_ms % 1000) as u16)
+    }
+
+    /// How the deadline survives a restart (see `persist::record::Expiry`).
+    fn expiry(&self, ctx: &Ctx<'_>) -> Expiry {
+        match self.deadline() {
+            None => Expiry::Never,
+            Some(deadline_ms) if self.flags & ABSOLUTE != 0 => Expiry::Absolute {
+                at_unix_ms: ctx.clock.unix_ms(deadline_ms),
+            },
+            Some(_) => Expiry::Relative {
+                ttl_ms: self.ttl_ms,
+            },
+        }
     }
 
     fn ttl(&self) -> Option<u64> {
@@ -123,7 +155,8 @@ impl Entry {
     }
 }
 
-/// A snapshot of an alive key, in epoch ms; `registry` turns it into display times.
+/// A snapshot of an alive key: the deadline in epoch ms, which `registry` turns into display
+/// times, the rest in Unix ms.
 #[derive(Clone, Debug)]
 pub(super) struct EntryView {
     pub key: Key,
@@ -131,8 +164,8 @@ pub(super) struct EntryView {
     pub meta: Option<Meta>,
     pub ttl_ms: Option<u64>,
     pub deadline_ms: Option<u64>,
-    pub registered_ms: u64,
-    pub last_heartbeat_ms: u64,
+    pub registered_unix_ms: u64,
+    pub last_heartbeat_unix_ms: u64,
     pub timer: Option<TimerKind>,
 }
 
@@ -173,6 +206,9 @@ pub(super) struct Shard {
     /// Events of the operation in progress, published as one batch by [`Shard::flush_events`]
     /// before the shard's lock is released.
     pending_events: Vec<Event>,
+    /// Log records of the operation in progress, appended by [`Shard::flush_events`] (only
+    /// built when a journal is attached).
+    pending_records: Vec<Record>,
     /// Alive keys in order; `None` when listing is disabled (benchmarks of the bare engine).
     ordered: Option<OrderedIndex>,
     expired: ExpiredLog,
@@ -193,6 +229,7 @@ impl Shard {
             stale_slack: ctx.config.stale_slack,
             alive_by_service: Vec::new(),
             pending_events: Vec::new(),
+            pending_records: Vec::new(),
             ordered: ctx.config.listing.then(OrderedIndex::default),
             expired: ExpiredLog::new(ctx.config.expired_retention_ms, expired_max),
         }
@@ -212,7 +249,9 @@ impl Shard {
         self.heartbeats
     }
 
-    /// Registers or renews `key` for `ttl_ms`. `service`: `None` keeps the stored one.
+    /// Registers or renews `key` for `ttl_ms`. `service`: `None` keeps the stored one. A renewal
+    /// that changes nothing but the deadline writes no log record; anything else writes the
+    /// key's whole state, and is refused, changing nothing, while the log cannot be written.
     #[allow(clippy::too_many_arguments)] // one call site; a struct would only rename them
     pub fn heartbeat(
         &mut self,
@@ -223,12 +262,26 @@ impl Shard {
         meta: Option<Meta>,
         ctx: &Ctx<'_>,
         now: Now,
-    ) -> Renewal {
-        self.heartbeats += 1;
+    ) -> Result<Renewal, RegistryError> {
         let now_ms = now.ms;
+        let found = self.find_alive(hash, key, ctx, now_ms);
+        let durable_change = found.is_none_or(|slot| {
+            let entry = self.slots.entry(slot);
+            entry.ttl() != Some(ttl_ms)
+                || entry.flags & ABSOLUTE != 0
+                || service.is_some_and(|service| service != entry.service)
+                || meta
+                    .as_ref()
+                    .is_some_and(|meta| entry.meta.as_ref() != Some(meta))
+        });
+        if durable_change && ctx.refuses_durable_writes() {
+            return Err(RegistryError::StorageUnavailable);
+        }
+        self.heartbeats += 1;
+        let now_unix_ms = ctx.clock.unix_ms(now_ms);
         let deadline_ms = now.deadline_ms(ttl_ms);
         let timer = TimerKind::for_ttl(ttl_ms, ctx.config.max_ttl_s);
-        let (slot, created) = match self.find_alive(hash, key, ctx, now_ms) {
+        let (slot, created) = match found {
             Some(slot) => {
                 if let Some(service) = service {
                     self.change_service(slot, service);
@@ -236,21 +289,23 @@ impl Shard {
                 let entry = self.slots.entry_mut(slot);
                 entry.deadline_ms = deadline_ms;
                 entry.ttl_ms = ttl_ms;
-                entry.last_heartbeat_ms = now_ms;
+                entry.last_heartbeat_unix_ms = now_unix_ms;
+                entry.flags &= !(ABSOLUTE | RESTORED);
                 if meta.is_some() {
                     entry.meta = meta;
                 }
                 (slot, false)
             }
             None => {
+                let (registered_unix_s, flags) = Entry::registered_at(now_unix_ms);
                 let entry = Entry {
                     key: key.clone(),
                     meta,
                     deadline_ms,
                     ttl_ms,
-                    last_heartbeat_ms: now_ms,
-                    registered_s: (now_ms / 1000) as u32,
-                    registered_subsec_ms: (now_ms % 1000) as u16,
+                    last_heartbeat_unix_ms: now_unix_ms,
+                    registered_unix_s,
+                    flags,
                     service: service.unwrap_or(ServiceId::NONE),
                     timer: TimerRef::PERSISTENT,
                 };
@@ -261,12 +316,15 @@ impl Shard {
         if created {
             self.registered(slot, ctx, now_ms);
         }
-        Renewal {
+        if durable_change {
+            self.record_state(slot, ctx);
+        }
+        Ok(Renewal {
             created,
             service: self.slots.entry(slot).service,
             deadline_ms,
             timer,
-        }
+        })
     }
 
     pub fn view(&mut self, hash: u64, key: &Key, ctx: &Ctx<'_>, now: Now) -> Option<EntryView> {
@@ -286,29 +344,51 @@ impl Shard {
     }
 
     /// PERSIST: `None` when missing, else whether a TTL was removed.
-    pub fn persist(&mut self, hash: u64, key: &Key, ctx: &Ctx<'_>, now: Now) -> Option<bool> {
-        let slot = self.find_alive(hash, key, ctx, now.ms)?;
+    pub fn persist(
+        &mut self,
+        hash: u64,
+        key: &Key,
+        ctx: &Ctx<'_>,
+        now: Now,
+    ) -> Result<Option<bool>, RegistryError> {
+        let Some(slot) = self.find_alive(hash, key, ctx, now.ms) else {
+            return Ok(None);
+        };
         if self.slots.entry(slot).deadline().is_none() {
-            return Some(false);
+            return Ok(Some(false));
+        }
+        if ctx.refuses_durable_writes() {
+            return Err(RegistryError::StorageUnavailable);
         }
         self.schedule(slot, None, NO_DEADLINE);
-        self.slots.entry_mut(slot).deadline_ms = NO_DEADLINE;
-        Some(true)
+        let entry = self.slots.entry_mut(slot);
+        entry.deadline_ms = NO_DEADLINE;
+        entry.flags &= !ABSOLUTE;
+        self.record_state(slot, ctx);
+        Ok(Some(true))
     }
 
-    pub fn delete(&mut self, hash: u64, key: &Key, ctx: &Ctx<'_>, now: Now) -> bool {
+    pub fn delete(
+        &mut self,
+        hash: u64,
+        key: &Key,
+        ctx: &Ctx<'_>,
+        now: Now,
+    ) -> Result<bool, RegistryError> {
         let now_ms = now.ms;
-        match self.find_alive(hash, key, ctx, now_ms) {
-            Some(slot) => {
-                self.remove(slot, EventKind::Deleted, ctx, now_ms);
-                true
-            }
-            None => false,
+        let Some(slot) = self.find_alive(hash, key, ctx, now_ms) else {
+            return Ok(false);
+        };
+        if ctx.refuses_durable_writes() {
+            return Err(RegistryError::StorageUnavailable);
         }
+        self.remove(slot, EventKind::Deleted, ctx, now_ms);
+        Ok(true)
     }
 
     /// EXPIRE / PEXPIREAT with Redis 7 semantics; `target_ms` is the new deadline in epoch ms
-    /// (negative: before the epoch) and `ttl_ms` the TTL it amounts to (it picks the timer).
+    /// (negative: before the epoch), `ttl_ms` the TTL it amounts to (it picks the timer), and
+    /// `absolute` says the client gave an instant (kept as it is across a restart).
     #[allow(clippy::too_many_arguments)] // one call site; a struct would only rename them
     pub fn expire(
         &mut self,
@@ -316,23 +396,27 @@ impl Shard {
         key: &Key,
         target_ms: i64,
         ttl_ms: u64,
+        absolute: bool,
         condition: Option<ExpireCondition>,
         ctx: &Ctx<'_>,
         now: Now,
-    ) -> ExpireOutcome {
+    ) -> Result<ExpireOutcome, RegistryError> {
         let now_ms = now.ms;
         let Some(slot) = self.find_alive(hash, key, ctx, now_ms) else {
-            return ExpireOutcome::NotFound;
+            return Ok(ExpireOutcome::NotFound);
         };
         let current = self.slots.entry(slot).deadline();
         if !condition.is_none_or(|condition| condition.allows(current, target_ms)) {
-            return ExpireOutcome::NotApplied {
+            return Ok(ExpireOutcome::NotApplied {
                 ttl_ms: self.slots.entry(slot).remaining(now_ms),
-            };
+            });
+        }
+        if ctx.refuses_durable_writes() {
+            return Err(RegistryError::StorageUnavailable);
         }
         if target_ms <= now_ms as i64 {
             self.remove(slot, EventKind::Deleted, ctx, now_ms);
-            return ExpireOutcome::Deleted;
+            return Ok(ExpireOutcome::Deleted);
         }
         let deadline_ms = target_ms as u64;
         self.schedule(
@@ -343,7 +427,9 @@ impl Shard {
         let entry = self.slots.entry_mut(slot);
         entry.deadline_ms = deadline_ms;
         entry.ttl_ms = ttl_ms;
-        ExpireOutcome::Applied { ttl_ms }
+        entry.flags = (entry.flags & !(ABSOLUTE | RESTORED)) | if absolute { ABSOLUTE } else { 0 };
+        self.record_state(slot, ctx);
+        Ok(ExpireOutcome::Applied { ttl_ms })
     }
 
     /// The last tick whose wheel bucket was detached.
@@ -392,7 +478,7 @@ impl Shard {
                 self.schedule(slot, Some(TimerKind::Wheel), deadline_ms);
             }
         }
-        self.expired.prune(now_ms);
+        self.expired.prune(ctx.clock.unix_ms(now_ms));
         n_expired
     }
 
@@ -413,12 +499,22 @@ impl Shard {
         (n_expired, false)
     }
 
-    /// Publishes the events of the operations since the last flush, as one batch. Callers flush
-    /// before releasing the shard's lock, so the events of one key keep their order.
-    pub fn flush_events(&mut self, ctx: &Ctx<'_>) {
+    /// Appends the log records of the operations since the last flush to the journal, and
+    /// publishes their events as one batch. Callers flush before releasing the shard's lock, so
+    /// one key's records and events keep their order. Returns the LSN of the last record
+    /// appended (0 when none was).
+    pub fn flush_events(&mut self, ctx: &Ctx<'_>) -> Lsn {
+        let mut lsn = 0;
+        if !self.pending_records.is_empty() {
+            if let Some(journal) = ctx.journal {
+                lsn = journal.append(&self.pending_records);
+            }
+            self.pending_records.clear();
+        }
         if !self.pending_events.is_empty() {
             ctx.events.publish(std::mem::take(&mut self.pending_events));
         }
+        lsn
     }
 
     /// The earliest heap deadline, in epoch ms.
@@ -466,6 +562,119 @@ impl Shard {
         }
     }
 
+    /// Applies a key's durable state read back from the persistence log (recovery): the key is
+    /// created or replaced, silently (no event, no record), with its deadline set by the
+    /// restart rule: `now + TTL` for a relative one, the same instant for an absolute one (due
+    /// at once if it passed), none for a persistent key. It is marked restored until renewed.
+    pub fn restore_state(
+        &mut self,
+        hash: u64,
+        state: DurableKey,
+        service: ServiceId,
+        ctx: &Ctx<'_>,
+        now: Now,
+    ) {
+        let (deadline_ms, ttl_ms, timer, absolute) = match state.expiry {
+            Expiry::Never => (NO_DEADLINE, 0, None, false),
+            Expiry::Relative { ttl_ms } => (
+                now.deadline_ms(ttl_ms),
+                ttl_ms,
+                Some(TimerKind::for_ttl(ttl_ms, ctx.config.max_ttl_s)),
+                false,
+            ),
+            Expiry::Absolute { at_unix_ms } => {
+                let at = i64::try_from(at_unix_ms).unwrap_or(i64::MAX);
+                let deadline_ms = ctx.clock.ms_from_unix(at).max(0) as u64;
+                // What is left (at least 1 ms) picks the timer, as an EXPIRE would.
+                let ttl_ms = deadline_ms.saturating_sub(now.ms).max(1);
+                let timer = TimerKind::for_ttl(ttl_ms, ctx.config.max_ttl_s);
+                (deadline_ms, ttl_ms, Some(timer), true)
+            }
+        };
+        let (registered_unix_s, subsec) = Entry::registered_at(state.registered_unix_ms);
+        let flags = subsec | RESTORED | if absolute { ABSOLUTE } else { 0 };
+        let slot = match self.find(hash, &state.key) {
+            Some(slot) => {
+                self.change_service(slot, service);
+                let entry = self.slots.entry_mut(slot);
+                entry.meta = state.meta;
+                entry.registered_unix_s = registered_unix_s;
+                entry.flags = flags;
+                entry.last_heartbeat_unix_ms = state.last_heartbeat_unix_ms;
+                slot
+            }
+            None => self.insert(
+                hash,
+                Entry {
+                    key: state.key,
+                    meta: state.meta,
+                    deadline_ms,
+                    ttl_ms,
+                    last_heartbeat_unix_ms: state.last_heartbeat_unix_ms,
+                    registered_unix_s,
+                    flags,
+                    service,
+                    timer: TimerRef::PERSISTENT,
+                },
+            ),
+        };
+        self.schedule(slot, timer, deadline_ms);
+        let entry = self.slots.entry_mut(slot);
+        entry.deadline_ms = deadline_ms;
+        entry.ttl_ms = ttl_ms;
+    }
+
+    /// Applies a deletion or an expiry read back from the log: the key leaves the alive keys
+    /// silently; an expiry (`expired`: when, and the last heartbeat) puts it on the expired
+    /// list with the service and metadata it had.
+    pub fn restore_removal(&mut self, hash: u64, key: &Key, expired: Option<(u64, u64)>) {
+        let entry = self.find(hash, key).map(|slot| self.detach(slot));
+        let Some((expired_unix_ms, last_heartbeat_unix_ms)) = expired else {
+            return;
+        };
+        let (service, meta) = match entry {
+            Some(entry) => (entry.service, entry.meta),
+            // Already expired in the snapshot this replay started from: keep what it listed.
+            None => match self.expired.get(key) {
+                Some(record) => (record.service, record.meta.clone()),
+                None => (ServiceId::NONE, None),
+            },
+        };
+        let record = ExpiredRecord {
+            service,
+            meta,
+            last_heartbeat_unix_ms,
+            expired_unix_ms,
+        };
+        self.expired.record(key.clone(), record);
+    }
+
+    /// Puts a key read back from a snapshot's expired list on the expired list, unless it is
+    /// alive.
+    pub fn restore_expired(&mut self, hash: u64, key: Key, record: ExpiredRecord) {
+        if self.find(hash, &key).is_none() {
+            self.expired.record(key, record);
+        }
+    }
+
+    /// The records that rebuild this shard: its expired list, then its alive keys.
+    pub fn durable_records(&self, ctx: &Ctx<'_>) -> Vec<Record> {
+        let expired = self.expired.records().map(|(key, record)| {
+            Record::ExpiredEntry(ExpiredState {
+                key: key.clone(),
+                service: ctx.services.name(record.service),
+                meta: record.meta.clone(),
+                last_heartbeat_unix_ms: record.last_heartbeat_unix_ms,
+                expired_unix_ms: record.expired_unix_ms,
+            })
+        });
+        let alive = self
+            .slots
+            .iter()
+            .map(|(_, entry)| Record::Upsert(self.durable_state(entry, ctx)));
+        expired.chain(alive).collect()
+    }
+
     /// Checks every invariant of the module documentation; panics naming the first one broken.
     /// `detached` is the part of this shard's bucket of `tick` that the sweeper has detached
     /// and not yet processed (`(tick, bucket, next offset)`), if a sweep is under way.
@@ -473,6 +682,10 @@ impl Shard {
     pub fn check_invariants(&self, detached: Option<(Tick, &[SlotId], usize)>) {
         self.slots.check_invariants();
         assert!(self.pending_events.is_empty(), "events left unpublished");
+        assert!(
+            self.pending_records.is_empty(),
+            "log records left unwritten"
+        );
         let mut n_live = 0;
         let (mut n_wheel, mut n_heap) = (0, 0);
         let mut by_service: Vec<u32> = Vec::new();
@@ -672,8 +885,32 @@ impl Shard {
         self.pending_events.push(event);
     }
 
-    /// Removes the key in `slot` from every structure and publishes its event.
+    /// Removes the key in `slot` from every structure, and queues its event and log record.
     fn remove(&mut self, slot: SlotId, kind: EventKind, ctx: &Ctx<'_>, now_ms: u64) {
+        let entry = self.detach(slot);
+        let event = event_of(kind, &entry, ctx, now_ms);
+        let at_unix_ms = ctx.clock.unix_ms(now_ms);
+        if ctx.journal.is_some() {
+            self.pending_records.push(match kind {
+                EventKind::Expired => Record::Expired {
+                    key: entry.key.clone(),
+                    at_unix_ms,
+                    last_heartbeat_unix_ms: entry.last_heartbeat_unix_ms,
+                },
+                EventKind::Deleted | EventKind::Registered => Record::Deleted {
+                    key: entry.key.clone(),
+                    at_unix_ms,
+                },
+            });
+        }
+        if kind == EventKind::Expired {
+            self.add_to_expired_list(entry, at_unix_ms);
+        }
+        self.pending_events.push(event);
+    }
+
+    /// Takes the key in `slot` out of every structure, silently, and returns its entry.
+    fn detach(&mut self, slot: SlotId) -> Entry {
         self.unschedule(slot);
         let hash = self.hasher.hash_one(self.slots.entry(slot).key.as_str());
         match self.index.find_entry(hash, |&candidate| candidate == slot) {
@@ -685,17 +922,38 @@ impl Shard {
         if let Some(ordered) = &mut self.ordered {
             ordered.remove(&entry.key, entry.service);
         }
-        let event = event_of(kind, &entry, ctx, now_ms);
-        if kind == EventKind::Expired {
-            let record = ExpiredRecord {
-                service: entry.service,
-                meta: entry.meta,
-                last_heartbeat_ms: entry.last_heartbeat_ms,
-                expired_ms: now_ms,
-            };
-            self.expired.record(entry.key, record);
+        entry
+    }
+
+    /// Puts an expired key on the expired list.
+    fn add_to_expired_list(&mut self, entry: Entry, expired_unix_ms: u64) {
+        let record = ExpiredRecord {
+            service: entry.service,
+            meta: entry.meta,
+            last_heartbeat_unix_ms: entry.last_heartbeat_unix_ms,
+            expired_unix_ms,
+        };
+        self.expired.record(entry.key, record);
+    }
+
+    /// Queues the log record of the key in `slot`'s whole state (when a journal is attached).
+    fn record_state(&mut self, slot: SlotId, ctx: &Ctx<'_>) {
+        if ctx.journal.is_some() {
+            let record = Record::Upsert(self.durable_state(self.slots.entry(slot), ctx));
+            self.pending_records.push(record);
         }
-        self.pending_events.push(event);
+    }
+
+    /// Everything durable about `entry` (see `persist::record::KeyState`).
+    fn durable_state(&self, entry: &Entry, ctx: &Ctx<'_>) -> DurableKey {
+        DurableKey {
+            key: entry.key.clone(),
+            service: ctx.services.name(entry.service),
+            meta: entry.meta.clone(),
+            expiry: entry.expiry(ctx),
+            registered_unix_ms: entry.registered_unix_ms(),
+            last_heartbeat_unix_ms: entry.last_heartbeat_unix_ms,
+        }
     }
 
     /// Moves `slot`'s deadline to the structure `timer` names (`None`: no TTL). A wheel key
@@ -801,8 +1059,8 @@ impl Shard {
             meta: entry.meta.clone(),
             ttl_ms: entry.ttl(),
             deadline_ms: entry.deadline(),
-            registered_ms: entry.registered_ms(),
-            last_heartbeat_ms: entry.last_heartbeat_ms,
+            registered_unix_ms: entry.registered_unix_ms(),
+            last_heartbeat_unix_ms: entry.last_heartbeat_unix_ms,
             timer: match entry.timer.get() {
                 Timer::Persistent => None,
                 Timer::Heap => Some(TimerKind::Heap),
@@ -820,8 +1078,8 @@ fn event_of(kind: EventKind, entry: &Entry, ctx: &Ctx<'_>, now_ms: u64) -> Event
         service: ctx.services.name(entry.service),
         meta: entry.meta.clone(),
         ttl_ms: entry.ttl(),
-        registered_at_ms: ctx.clock.unix_ms(entry.registered_ms()),
-        last_heartbeat_at_ms: ctx.clock.unix_ms(entry.last_heartbeat_ms),
+        registered_at_ms: entry.registered_unix_ms(),
+        last_heartbeat_at_ms: entry.last_heartbeat_unix_ms,
         deadline_ms: entry
             .deadline()
             .map(|deadline_ms| ctx.clock.unix_ms(deadline_ms)),
@@ -830,6 +1088,7 @@ fn event_of(kind: EventKind, entry: &Entry, ctx: &Ctx<'_>, now_ms: u64) -> Event
             EventKind::Expired => now_ms.saturating_sub(entry.deadline_ms),
             EventKind::Registered | EventKind::Deleted => 0,
         },
+        restored: kind == EventKind::Expired && entry.flags & RESTORED != 0,
     }
 }
 

@@ -106,8 +106,12 @@ fn the_binary_logs_where_it_listens_serves_and_exits_zero_on_sigterm() {
 }
 
 fn serves_and_exits_zero_on_sigterm(threads: &str) {
+    let data_dir =
+        std::env::temp_dir().join(format!("ttlwheel-binary-{}-{threads}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data_dir);
     let mut child = Command::new(BINARY)
         .env("TTLWHEEL_LISTEN", "127.0.0.1:0")
+        .env("TTLWHEEL_DATA_DIR", &data_dir)
         .env("TTLWHEEL_THREADS", threads)
         .env_remove("RUST_LOG")
         .stderr(Stdio::piped())
@@ -130,7 +134,15 @@ fn serves_and_exits_zero_on_sigterm(threads: &str) {
     let (health, metrics) = runtime.block_on(async {
         ttlwheel::notify::install_tls_provider();
         let get = |path: &str| reqwest::get(format!("http://{address}{path}"));
-        let health = get("/healthz").await.expect("served").status();
+        // 503 `recovering` until the data directory is read back, then 200.
+        let mut health = get("/healthz").await.expect("served").status();
+        for _ in 0..500 {
+            if health != reqwest::StatusCode::SERVICE_UNAVAILABLE {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            health = get("/healthz").await.expect("served").status();
+        }
         let metrics = get("/metrics").await.expect("served").text().await;
         (health, metrics.expect("metrics text"))
     });

@@ -400,7 +400,7 @@ async fn real_responses_validate_against_the_spec() {
 #[tokio::test]
 async fn webhook_routes_and_payloads_validate_against_the_spec() {
     let receiver = Receiver::start(always(StatusCode::INTERNAL_SERVER_ERROR)).await;
-    let mut config = Config::defaults();
+    let mut config = Config::ephemeral();
     config.webhook_urls = vec![receiver.url()];
     config.webhook_max_attempts = 1;
     config.webhook_events = vec![WebhookEvent::Expired, WebhookEvent::Deleted];

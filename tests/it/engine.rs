@@ -123,8 +123,11 @@ fn an_eager_removal_that_moves_a_stale_element_of_a_freed_slot_loses_nothing() {
     harness.heartbeat("a", 10_000); // bucket of 10 s: [a]
     harness.heartbeat("b", 10_000); // [a, b]
     harness.heartbeat("b", 20_000); // b's element in the 10 s bucket is now stale
-    assert!(harness.registry.delete(&key_of("b"), harness.now())); // b's slot is freed
-                                                                   // Renewing a removes its element at once, and the stale element of b moves into its place.
+    assert!(harness
+        .registry
+        .delete(&key_of("b"), harness.now())
+        .unwrap()); // b's slot is freed
+                    // Renewing a removes its element at once, and the stale element of b moves into its place.
     harness.heartbeat("a", 20_000);
     harness.heartbeat("c", 10_000); // may reuse b's slot
     harness.advance(10_000);
@@ -244,8 +247,14 @@ fn persist_removes_the_ttl_and_the_key_then_never_expires() {
     let mut harness = Harness::new(10);
     let key = key_of("k");
     harness.heartbeat("k", 1_000);
-    assert_eq!(harness.registry.persist(&key, harness.now()), Some(true));
-    assert_eq!(harness.registry.persist(&key, harness.now()), Some(false));
+    assert_eq!(
+        harness.registry.persist(&key, harness.now()).unwrap(),
+        Some(true)
+    );
+    assert_eq!(
+        harness.registry.persist(&key, harness.now()).unwrap(),
+        Some(false)
+    );
     assert_eq!(
         harness.registry.state(&key, harness.now()),
         KeyState::Persistent
@@ -254,7 +263,10 @@ fn persist_removes_the_ttl_and_the_key_then_never_expires() {
     assert!(harness.alive("k"));
     assert!(harness.drain().is_empty());
     assert_eq!(
-        harness.registry.persist(&key_of("missing"), harness.now()),
+        harness
+            .registry
+            .persist(&key_of("missing"), harness.now())
+            .unwrap(),
         None
     );
 }
@@ -266,8 +278,8 @@ fn delete_and_non_positive_expire_are_deletions_not_expiries() {
     for key in ["a", "b", "c", "d"] {
         harness.heartbeat(key, 1_000);
     }
-    assert!(harness.registry.delete(&key_of("a"), now));
-    assert!(!harness.registry.delete(&key_of("a"), now));
+    assert!(harness.registry.delete(&key_of("a"), now).unwrap());
+    assert!(!harness.registry.delete(&key_of("a"), now).unwrap());
     assert_eq!(
         harness
             .registry
@@ -317,7 +329,7 @@ fn expire_conditions_follow_redis_7() {
         let key = key_of("k");
         harness.heartbeat("k", 10_000);
         if !has_ttl {
-            harness.registry.persist(&key, harness.now());
+            harness.registry.persist(&key, harness.now()).unwrap();
         }
         let outcome = harness
             .registry

@@ -227,7 +227,7 @@ fn run(ops: &[Op], mut harness: Harness) {
                     had_ttl
                 });
                 assert_eq!(
-                    harness.registry.persist(&key_of(key), now),
+                    harness.registry.persist(&key_of(key), now).unwrap(),
                     expected,
                     "{op:?}"
                 );
@@ -236,7 +236,7 @@ fn run(ops: &[Op], mut harness: Harness) {
                 let key = KEYS[k];
                 let existed = model.alive.remove(key).is_some();
                 assert_eq!(
-                    harness.registry.delete(&key_of(key), now),
+                    harness.registry.delete(&key_of(key), now).unwrap(),
                     existed,
                     "{op:?}"
                 );

@@ -24,7 +24,7 @@ pub struct TestServer {
 
 impl TestServer {
     pub async fn start() -> Self {
-        Self::with_config(Config::defaults()).await
+        Self::with_config(Config::ephemeral()).await
     }
 
     pub async fn with_config(config: Config) -> Self {

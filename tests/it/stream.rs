@@ -121,7 +121,8 @@ async fn a_client_sees_registered_then_expired_with_the_payload_fields() {
     assert_ne!(registered.id, expired.id);
     // The same fields as the webhook payload's data, plus type.
     let fields: Vec<&String> = expired.data.as_object().unwrap().keys().collect();
-    assert_eq!(fields.len(), 10, "{fields:?}");
+    assert_eq!(fields.len(), 11, "{fields:?}");
+    assert_eq!(expired.data["restored"], false);
     // A renewal is not an event; a deletion is.
     beat(&server, json!({"key": "s-2", "ttl_ms": 60_000})).await;
     beat(&server, json!({"key": "s-2", "ttl_ms": 60_000})).await;
@@ -181,7 +182,7 @@ async fn a_client_resumes_with_last_event_id_without_losing_events() {
 
 #[tokio::test]
 async fn a_gap_older_than_the_ring_or_another_run_gets_a_reset() {
-    let mut config = Config::defaults();
+    let mut config = Config::ephemeral();
     config.events_ring = 4;
     let server = TestServer::with_config(config).await;
     let mut client = SseClient::connect(&server, "", None).await;
@@ -207,7 +208,7 @@ async fn a_gap_older_than_the_ring_or_another_run_gets_a_reset() {
 
 #[tokio::test]
 async fn a_client_that_falls_behind_the_ring_is_dropped_and_counted() {
-    let mut config = Config::defaults();
+    let mut config = Config::ephemeral();
     config.events_ring = 64;
     let server = TestServer::with_config(config).await;
     let stalled = SseClient::connect(&server, "", None).await; // never reads

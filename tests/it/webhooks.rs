@@ -20,7 +20,7 @@ const PATIENCE: Duration = Duration::from_secs(30);
 
 /// A config that delivers to `receiver`, signed, retrying quickly.
 fn config_for(receiver: &Receiver) -> Config {
-    let mut config = Config::defaults();
+    let mut config = Config::ephemeral();
     config.webhook_urls = vec![receiver.url()];
     config.webhook_secret = Some(SECRET.parse().expect("secret"));
     config.webhook_retry_schedule = vec![Duration::from_millis(20), Duration::from_millis(50)];
@@ -111,8 +111,12 @@ async fn an_expired_key_is_posted_once_signed_and_the_signature_verifies() {
     }
     assert!(data["lateness_ms"].as_u64().is_some());
     assert_eq!(
+        data["restored"], false,
+        "a key that was not restored from disk"
+    );
+    assert_eq!(
         data.as_object().unwrap().len(),
-        9,
+        10,
         "exactly the documented fields: {data}"
     );
 

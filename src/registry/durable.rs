@@ -1,0 +1,110 @@
+//! The registry's side of persistence: applying records read back from the data directory
+//! (recovery), attaching the journal that logs changes from then on, and snapshots.
+//!
+//! Recovery applies records in log order with no event and no record of its own; the ticker
+//! starts only after it, so a key that a later record re-registers is never expired by the
+//! way. Snapshots take one shard at a time, under its lock, after rotating the journal: every
+//! change after the rotation is in the new segment, so replaying it over the snapshot gives the
+//! state whatever moment each shard was read at (records are whole and idempotent).
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::{Registry, RegistryError};
+use crate::persist::journal::{Journal, Lsn};
+use crate::persist::record::{ExpiredState, Record};
+use crate::persist::store::{DataDir, StoreError};
+use crate::registry::listing::ExpiredRecord;
+use crate::registry::services::ServiceId;
+use crate::types::ServiceName;
+
+impl Registry {
+    /// Applies one record read back from the log at start-up; `restart` is the instant the
+    /// restart rule counts from. A service name the table cannot take (over the limit) leaves
+    /// the key without one, with a warning.
+    pub fn restore(&self, record: Record, restart: Instant) {
+        let now = self.clock.at(restart);
+        let ctx = self.ctx();
+        match record {
+            Record::Upsert(state) => {
+                let service = self.service_id_for(state.service.as_ref());
+                let (hash, shard) = self.shard_of(&state.key);
+                shard.lock().restore_state(hash, state, service, &ctx, now);
+            }
+            Record::Deleted { key, .. } => {
+                let (hash, shard) = self.shard_of(&key);
+                shard.lock().restore_removal(hash, &key, None);
+            }
+            Record::Expired {
+                key,
+                at_unix_ms,
+                last_heartbeat_unix_ms,
+            } => {
+                let (hash, shard) = self.shard_of(&key);
+                let expired = Some((at_unix_ms, last_heartbeat_unix_ms));
+                shard.lock().restore_removal(hash, &key, expired);
+            }
+            Record::ExpiredEntry(ExpiredState {
+                key,
+                service,
+                meta,
+                last_heartbeat_unix_ms,
+                expired_unix_ms,
+            }) => {
+                let record = ExpiredRecord {
+                    service: self.service_id_for(service.as_ref()),
+                    meta,
+                    last_heartbeat_unix_ms,
+                    expired_unix_ms,
+                };
+                let (hash, shard) = self.shard_of(&key);
+                shard.lock().restore_expired(hash, key, record);
+            }
+        }
+    }
+
+    /// Logs every durable change from now on to `journal` (once, after recovery).
+    pub fn attach_journal(&self, journal: Arc<Journal>) {
+        if self.journal.set(journal).is_err() {
+            tracing::error!("a journal was already attached; the second is ignored");
+        }
+    }
+
+    /// The attached journal, if any.
+    pub fn journal(&self) -> Option<&Arc<Journal>> {
+        self.journal.get()
+    }
+
+    /// Writes a snapshot into `dir` and drops the log segments it replaces; returns the LSN it
+    /// was taken at and its size in bytes. Shards are read one at a time.
+    pub fn snapshot(&self, dir: &DataDir) -> Result<(Lsn, u64), StoreError> {
+        let journal = self.journal.get().ok_or_else(|| StoreError::Io {
+            path: dir.path().to_owned(),
+            source: std::io::Error::other("no journal is attached"),
+        })?;
+        let lsn = journal
+            .rotate(|first| dir.segment_path(first))
+            .map_err(|source| StoreError::Io {
+                path: dir.path().to_owned(),
+                source,
+            })?;
+        let ctx = self.ctx();
+        let records = self
+            .shards
+            .iter()
+            .flat_map(|shard| shard.0.lock().durable_records(&ctx));
+        let size = dir.write_snapshot(lsn, records)?;
+        Ok((lsn, size))
+    }
+
+    fn service_id_for(&self, name: Option<&ServiceName>) -> ServiceId {
+        let Some(name) = name else {
+            return ServiceId::NONE;
+        };
+        self.services.intern(name).unwrap_or_else(|_| {
+            tracing::warn!(service = %name.as_str(), "{}", RegistryError::TooManyServices);
+            ServiceId::NONE
+        })
+    }
+}

@@ -116,6 +116,7 @@ impl Service {
         let (failed, recovery_failed) = tokio::sync::oneshot::channel();
         let lifecycle = tokio::spawn(lifecycle(Lifecycle {
             registry: Arc::clone(&registry),
+            notifier: Arc::clone(&notifier),
             persistence: persistence.clone(),
             ready: Arc::clone(&ready),
             metrics: Arc::clone(&metrics),
@@ -183,7 +184,7 @@ impl Service {
             return Err(std::io::Error::other(error));
         }
         if let Some(dir) = self.data_dir {
-            close_data_dir(self.registry, dir).await;
+            close_data_dir(self.registry, self.notifier, dir).await;
         }
         served
     }
@@ -192,6 +193,7 @@ impl Service {
 /// What the lifecycle task needs.
 struct Lifecycle {
     registry: Arc<Registry>,
+    notifier: Arc<Notifier>,
     persistence: Option<(Arc<DataDir>, FsyncMode)>,
     ready: Arc<std::sync::atomic::AtomicBool>,
     metrics: Arc<Metrics>,
@@ -205,6 +207,7 @@ struct Lifecycle {
 async fn lifecycle(parts: Lifecycle) -> Result<(), String> {
     let Lifecycle {
         registry,
+        notifier,
         persistence,
         ready,
         metrics,
@@ -213,8 +216,9 @@ async fn lifecycle(parts: Lifecycle) -> Result<(), String> {
     } = parts;
     if let Some((dir, mode)) = &persistence {
         let recovered = tokio::task::spawn_blocking({
-            let (registry, dir, mode) = (Arc::clone(&registry), Arc::clone(dir), *mode);
-            move || recover(&registry, &dir, mode)
+            let (registry, notifier) = (Arc::clone(&registry), Arc::clone(&notifier));
+            let (dir, mode) = (Arc::clone(dir), *mode);
+            move || recover(&registry, &notifier, &dir, mode)
         })
         .await
         .map_err(|panicked| panicked.to_string())
@@ -239,7 +243,7 @@ async fn lifecycle(parts: Lifecycle) -> Result<(), String> {
         let Some((dir, _)) = &persistence else {
             return std::future::pending().await;
         };
-        snapshot_when_due(&registry, dir).await
+        snapshot_when_due(&registry, &notifier, dir).await
     };
     tokio::select! {
         () = ticker => {}
@@ -249,13 +253,27 @@ async fn lifecycle(parts: Lifecycle) -> Result<(), String> {
     Ok(())
 }
 
-/// Reads the data directory into `registry` and attaches the journal (blocking I/O).
-fn recover(registry: &Registry, dir: &DataDir, mode: FsyncMode) -> Result<(), String> {
+/// Reads the data directory into the registry and the notifier, and attaches the journal to
+/// both (blocking I/O).
+fn recover(
+    registry: &Registry,
+    notifier: &Notifier,
+    dir: &DataDir,
+    mode: FsyncMode,
+) -> Result<(), String> {
     let started = std::time::Instant::now();
     let restart = Instant::now();
+    let mut webhooks = persist::webhooks::WebhookReplay::default();
     let recovery = dir
-        .recover(|record| registry.restore(record, restart))
+        .recover(|record| {
+            if record.is_webhook() {
+                webhooks.apply(record);
+            } else {
+                registry.restore(record, restart);
+            }
+        })
         .map_err(|error| error.to_string())?;
+    notifier.restore(webhooks, restart);
     if let Some((path, offset, dropped)) = &recovery.torn {
         tracing::warn!(path = %path.display(), offset, dropped,
             "the log ended in a torn record (a crash mid-write): it was cut off there; nothing acknowledged with --fsync always is lost");
@@ -263,7 +281,9 @@ fn recover(registry: &Registry, dir: &DataDir, mode: FsyncMode) -> Result<(), St
     let journal = dir
         .open_journal(&recovery, mode)
         .map_err(|error| error.to_string())?;
-    registry.attach_journal(Arc::new(journal));
+    let journal = Arc::new(journal);
+    registry.attach_journal(Arc::clone(&journal));
+    notifier.attach_journal(journal);
     tracing::info!(
         keys = registry.len(),
         records = recovery.n_records,
@@ -277,7 +297,7 @@ fn recover(registry: &Registry, dir: &DataDir, mode: FsyncMode) -> Result<(), St
 
 /// Writes a snapshot whenever [`SNAPSHOT_AFTER_RECORDS`] records have been appended since the
 /// last one, so the log stays bounded.
-async fn snapshot_when_due(registry: &Arc<Registry>, dir: &Arc<DataDir>) {
+async fn snapshot_when_due(registry: &Arc<Registry>, notifier: &Arc<Notifier>, dir: &Arc<DataDir>) {
     let mut last = registry.journal().map_or(0, |journal| journal.appended());
     loop {
         tokio::time::sleep(SNAPSHOT_CHECK).await;
@@ -285,8 +305,10 @@ async fn snapshot_when_due(registry: &Arc<Registry>, dir: &Arc<DataDir>) {
         if appended.saturating_sub(last) < SNAPSHOT_AFTER_RECORDS {
             continue;
         }
-        let (registry, dir) = (Arc::clone(registry), Arc::clone(dir));
-        match tokio::task::spawn_blocking(move || registry.snapshot(&dir)).await {
+        let (registry, notifier, dir) =
+            (Arc::clone(registry), Arc::clone(notifier), Arc::clone(dir));
+        let snapshot = move || registry.snapshot(&dir, || notifier.durable_records());
+        match tokio::task::spawn_blocking(snapshot).await {
             Ok(Ok((lsn, size))) => {
                 last = lsn;
                 tracing::info!(lsn, size, "snapshot written; the log before it was removed");
@@ -298,9 +320,9 @@ async fn snapshot_when_due(registry: &Arc<Registry>, dir: &Arc<DataDir>) {
 }
 
 /// On a clean stop: a snapshot (so the next start replays almost nothing), then the log closed.
-async fn close_data_dir(registry: Arc<Registry>, dir: Arc<DataDir>) {
+async fn close_data_dir(registry: Arc<Registry>, notifier: Arc<Notifier>, dir: Arc<DataDir>) {
     let closed = tokio::task::spawn_blocking(move || {
-        let snapshot = registry.snapshot(&dir);
+        let snapshot = registry.snapshot(&dir, || notifier.durable_records());
         let closed = registry.journal().map(|journal| journal.close());
         (snapshot, closed)
     })

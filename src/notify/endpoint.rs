@@ -19,7 +19,7 @@
 //! letter to it (which re-enables it).
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -34,6 +34,8 @@ use super::health::Health;
 use super::message::Message;
 use super::outbox::{Full, Job, Outbox, Pending};
 use super::transport::{unix_now_ms, Outcome, Sender};
+use crate::persist::journal::Journal;
+use crate::persist::record::{Record, WebhookMessage};
 
 /// What every endpoint's delivery task shares.
 #[derive(Debug)]
@@ -44,6 +46,8 @@ pub(super) struct Delivery {
     pub max_attempts: u32,
     pub retry_schedule: Vec<Duration>,
     pub dead_letters: Arc<DeadLetters>,
+    /// Where deliveries and dead letters are logged, once attached (after recovery).
+    pub journal: Arc<OnceLock<Arc<Journal>>>,
 }
 
 /// Counters of one URL since start.
@@ -135,12 +139,29 @@ impl Endpoint {
     }
 
     /// Queues new events; past the bound, or when the URL is gone, counts them as dropped.
-    pub(super) fn accept(&self, messages: &[Arc<Message>], now: Instant) {
+    /// With a journal, each queued event is logged before the lock is released, so its record
+    /// precedes whatever settles it.
+    pub(super) fn accept(
+        &self,
+        messages: &[Arc<Message>],
+        now: Instant,
+        journal: Option<&Journal>,
+    ) {
         let mut state = self.state.lock();
+        let mut records = Vec::new();
         for message in messages {
             if state.gone {
                 state.counters.dropped_gone += 1;
-            } else if state.outbox.push(Arc::clone(message), 0, now).is_err() {
+            } else if state.outbox.push(Arc::clone(message), 0, now).is_ok() {
+                if journal.is_some() {
+                    records.push(Record::WebhookQueued(self.logged(message, 0)));
+                }
+                if state.overflowing {
+                    state.overflowing = false;
+                    tracing::warn!(url = %self.shown_url, dropped_total = state.counters.dropped_queue_full,
+                        "webhook queue has room again");
+                }
+            } else {
                 state.counters.dropped_queue_full += 1;
                 if !state.overflowing {
                     state.overflowing = true;
@@ -148,20 +169,68 @@ impl Endpoint {
                         first_dropped = %message.id,
                         "webhook queue full: new events for this URL are dropped (and counted) until it drains");
                 }
-            } else if state.overflowing {
-                state.overflowing = false;
-                tracing::warn!(url = %self.shown_url, dropped_total = state.counters.dropped_queue_full,
-                    "webhook queue has room again");
             }
+        }
+        if let Some(journal) = journal.filter(|_| !records.is_empty()) {
+            journal.append(&records);
         }
         drop(state);
         self.wake.notify_one();
     }
 
-    /// Queues a re-send of a dead letter with a fresh attempt budget; re-enables a gone URL.
-    pub(super) fn requeue(&self, message: Arc<Message>, now: Instant) -> Result<(), Full> {
+    /// `message` as logged for this URL.
+    fn logged(&self, message: &Message, attempts: u32) -> WebhookMessage {
+        WebhookMessage {
+            url: self.shown_url.clone(),
+            id: message.id.to_string(),
+            attempts,
+            event: message.event.clone(),
+        }
+    }
+
+    /// The records that rebuild this URL's queue: every held event, in arrival order.
+    pub(super) fn durable_records(&self) -> Vec<Record> {
+        let state = self.state.lock();
+        state
+            .outbox
+            .held()
+            .into_iter()
+            .map(|pending| Record::WebhookQueued(self.logged(&pending.message, pending.attempts)))
+            .collect()
+    }
+
+    /// Queues events read back from the log (at start-up, before anything new arrives), with
+    /// their ids and attempts; returns how many did not fit.
+    pub(super) fn restore(&self, messages: Vec<(Arc<Message>, u32)>, now: Instant) -> usize {
         let mut state = self.state.lock();
-        state.outbox.push(message, 0, now)?;
+        let mut refused = 0;
+        for (message, attempts) in messages {
+            if state.outbox.push(message, attempts, now).is_err() {
+                refused += 1;
+            }
+        }
+        drop(state);
+        self.wake.notify_one();
+        refused
+    }
+
+    /// Queues a re-send of a dead letter with a fresh attempt budget; re-enables a gone URL.
+    pub(super) fn requeue(
+        &self,
+        message: Arc<Message>,
+        now: Instant,
+        journal: Option<&Journal>,
+    ) -> Result<(), Full> {
+        let mut state = self.state.lock();
+        state.outbox.push(Arc::clone(&message), 0, now)?;
+        if let Some(journal) = journal {
+            journal.append(&[
+                Record::DeadLetterTaken {
+                    id: message.id.to_string(),
+                },
+                Record::WebhookQueued(self.logged(&message, 0)),
+            ]);
+        }
         if state.gone {
             state.gone = false;
             tracing::warn!(url = %self.shown_url, "webhook URL re-enabled by a dead-letter retry");
@@ -264,6 +333,7 @@ impl Endpoint {
         let key = &job.message.event.key;
         let now_ms = unix_now_ms();
         let mut given_up: Vec<(Pending, String)> = Vec::new();
+        let delivered = matches!(outcome, Outcome::Delivered);
         let mut state = self.state.lock();
         match outcome {
             Outcome::Delivered => {
@@ -329,6 +399,25 @@ impl Endpoint {
             }
         }
         state.counters.failed += given_up.len() as u64;
+        if let Some(journal) = delivery.journal.get() {
+            let mut records = Vec::with_capacity(given_up.len() + 1);
+            if delivered {
+                records.push(Record::WebhookDone {
+                    url: self.shown_url.clone(),
+                    id: job.message.id.to_string(),
+                });
+            }
+            for (pending, last_error) in &given_up {
+                records.push(Record::DeadLetter {
+                    message: self.logged(&pending.message, pending.attempts),
+                    last_error: last_error.clone(),
+                    failed_at_unix_ms: now_ms,
+                });
+            }
+            if !records.is_empty() {
+                journal.append(&records);
+            }
+        }
         drop(state);
         for (pending, last_error) in given_up {
             delivery.dead_letters.file(NewLetter {

@@ -14,8 +14,11 @@
 //! - One key's events reach a URL in the order they happened (see [`outbox`]).
 //! - At least once: an event leaves an outbox only on a 2xx answer, or into the dead letters.
 //!   Receivers deduplicate on `webhook-id`, which every retry of an event repeats.
-//! - Events are held in memory only: those still held when the shutdown grace period ends are
-//!   counted in the log and lost. (Persistence is a later issue.)
+//! - With a data directory, every event queued for a URL, every delivery and every dead letter
+//!   is logged (under the URL's lock, so an event's queued record precedes what settles it);
+//!   after a restart the events still held are delivered with the same `webhook-id`, and the
+//!   dead letters are back. Memory-only, events still held at the end of the shutdown grace
+//!   period are counted in the log and lost.
 
 pub mod backoff;
 pub mod dead_letters;
@@ -26,7 +29,7 @@ pub mod outbox;
 pub mod signing;
 pub mod transport;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use reqwest::Url;
@@ -35,7 +38,10 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::events::{EventKind, EventReceiver};
-use dead_letters::{DeadLetter, DeadLetters};
+use crate::persist::journal::Journal;
+use crate::persist::record::{Record, WebhookMessage};
+use crate::persist::webhooks::WebhookReplay;
+use dead_letters::{DeadLetter, DeadLetters, NewLetter};
 use endpoint::{Delivery, Endpoint, EndpointStatus};
 use message::{Message, MessageIds};
 use signing::WebhookSecret;
@@ -92,6 +98,9 @@ pub struct Notifier {
     stop: watch::Sender<Option<Instant>>,
     dispatcher: parking_lot::Mutex<Option<JoinHandle<()>>>,
     deliverers: parking_lot::Mutex<Vec<JoinHandle<usize>>>,
+    /// Where queued events, deliveries and dead letters are logged, once attached (after
+    /// recovery); shared with the dispatcher and the delivery tasks.
+    journal: Arc<OnceLock<Arc<Journal>>>,
 }
 
 impl Notifier {
@@ -107,7 +116,9 @@ impl Notifier {
             .map(|(index, url)| Arc::new(Endpoint::new(index, url.clone(), settings.queue_max)))
             .collect();
         let (stop, _) = watch::channel(None);
+        let journal: Arc<OnceLock<Arc<Journal>>> = Arc::default();
         let notifier = Arc::new(Self {
+            journal: Arc::clone(&journal),
             endpoints: Arc::clone(&endpoints),
             dead_letters: Arc::clone(&dead_letters),
             stop,
@@ -133,6 +144,7 @@ impl Notifier {
             max_attempts: settings.max_attempts,
             retry_schedule: settings.retry_schedule.clone(),
             dead_letters,
+            journal: Arc::clone(&journal),
         });
         let deliverers = endpoints
             .iter()
@@ -148,11 +160,106 @@ impl Notifier {
             endpoints,
             settings.events,
             notifier.stop.subscribe(),
+            journal,
         )));
         for url in &settings.urls {
             tracing::info!(url = %url.origin().ascii_serialization(), "delivering webhooks");
         }
         Ok(notifier)
+    }
+
+    /// Logs queued events, deliveries and dead letters to `journal` from now on (once, after
+    /// recovery).
+    pub fn attach_journal(&self, journal: Arc<Journal>) {
+        let _ = self.journal.set(journal);
+    }
+
+    /// The records that rebuild the held events and the dead letters (for a snapshot).
+    pub fn durable_records(&self) -> Vec<Record> {
+        let mut records: Vec<Record> = self
+            .endpoints
+            .iter()
+            .flat_map(|endpoint| endpoint.durable_records())
+            .collect();
+        let mut cursor = None;
+        loop {
+            let page = self.dead_letters.page(cursor, 1024);
+            for letter in &page.letters {
+                records.push(Record::DeadLetter {
+                    message: WebhookMessage {
+                        url: self.shown_url(letter.endpoint).to_owned(),
+                        id: letter.message.id.to_string(),
+                        attempts: letter.attempts,
+                        event: letter.message.event.clone(),
+                    },
+                    last_error: letter.last_error.clone(),
+                    failed_at_unix_ms: letter.failed_at_ms,
+                });
+            }
+            match page.next_cursor {
+                Some(next) => cursor = Some(next),
+                None => break,
+            }
+        }
+        records
+    }
+
+    /// Puts back what the log held (at start-up, before any new event): the events still to
+    /// deliver, with their `webhook-id`s and attempts, and the dead letters. Events and letters
+    /// of a URL that is no longer configured are dropped with a warning.
+    pub fn restore(&self, replay: WebhookReplay, now: Instant) {
+        let (held, letters) = replay.finish();
+        let endpoint_of = |url: &str| {
+            self.endpoints
+                .iter()
+                .position(|endpoint| endpoint.shown_url() == url)
+        };
+        let mut unknown = 0;
+        let mut by_endpoint: Vec<Vec<(Arc<Message>, u32)>> = vec![Vec::new(); self.endpoints.len()];
+        let (n_held, n_letters) = (held.len(), letters.len());
+        for logged in held {
+            match endpoint_of(&logged.url) {
+                Some(index) => by_endpoint[index].push((message_of(&logged), logged.attempts)),
+                None => unknown += 1,
+            }
+        }
+        let mut refused = 0;
+        for (endpoint, messages) in self.endpoints.iter().zip(by_endpoint) {
+            refused += endpoint.restore(messages, now);
+        }
+        for letter in letters {
+            match endpoint_of(&letter.message.url) {
+                Some(endpoint) => {
+                    self.dead_letters.file(NewLetter {
+                        endpoint,
+                        message: message_of(&letter.message),
+                        attempts: letter.message.attempts,
+                        last_error: letter.last_error,
+                        failed_at_ms: letter.failed_at_unix_ms,
+                    });
+                }
+                None => unknown += 1,
+            }
+        }
+        if n_held + n_letters > 0 {
+            tracing::info!(
+                events = n_held,
+                dead_letters = n_letters,
+                "webhook events and dead letters restored"
+            );
+        }
+        if unknown > 0 {
+            tracing::warn!(
+                unknown,
+                "webhook events and dead letters of URLs no longer configured were dropped"
+            );
+        }
+        if refused > 0 {
+            tracing::warn!(
+                refused,
+                "restored webhook events over --webhook-queue-max were dropped"
+            );
+        }
     }
 
     pub fn settings(&self) -> &Settings {
@@ -183,7 +290,11 @@ impl Notifier {
     pub fn retry(&self, id: u64, now: Instant) -> Result<DeadLetter, RetryError> {
         let letter = self.dead_letters.take(id).ok_or(RetryError::NotFound(id))?;
         let endpoint = &self.endpoints[letter.endpoint];
-        match endpoint.requeue(Arc::clone(&letter.message), now) {
+        match endpoint.requeue(
+            Arc::clone(&letter.message),
+            now,
+            self.journal.get().map(|j| &**j),
+        ) {
             Ok(()) => Ok(letter),
             Err(_full) => {
                 let url = endpoint.shown_url().to_owned();
@@ -216,13 +327,28 @@ impl Notifier {
                 "webhooks: every event was delivered (or dead-lettered) before shutdown"
             );
         } else {
-            tracing::warn!(
-                pending,
-                drain_timeout = %humantime::format_duration(self.settings.drain_timeout),
-                "webhooks: events still pending at shutdown are lost (they are held in memory only)"
-            );
+            if self.journal.get().is_some() {
+                tracing::warn!(
+                    pending,
+                    "webhooks: events still pending at shutdown are kept in the data directory and delivered after the restart"
+                );
+            } else {
+                tracing::warn!(
+                    pending,
+                    drain_timeout = %humantime::format_duration(self.settings.drain_timeout),
+                    "webhooks: events still pending at shutdown are lost (memory only: --ephemeral)"
+                );
+            }
         }
     }
+}
+
+/// A logged message as the outbox holds it, with its original `webhook-id`.
+fn message_of(logged: &WebhookMessage) -> Arc<Message> {
+    Arc::new(Message {
+        id: logged.id.clone().into_boxed_str(),
+        event: logged.event.clone(),
+    })
 }
 
 /// The client every attempt uses: no redirects, no proxy, a total timeout per attempt, one
@@ -252,6 +378,7 @@ async fn dispatch(
     endpoints: Arc<[Arc<Endpoint>]>,
     kinds: Vec<EventKind>,
     mut stop: watch::Receiver<Option<Instant>>,
+    journal: Arc<OnceLock<Arc<Journal>>>,
 ) {
     let ids = MessageIds::default();
     let mut batch: Vec<Arc<Message>> = Vec::new();
@@ -278,7 +405,7 @@ async fn dispatch(
             }
             let now = Instant::now();
             for endpoint in endpoints.iter() {
-                endpoint.accept(&batch, now);
+                endpoint.accept(&batch, now, journal.get().map(|journal| &**journal));
             }
             batch.clear();
             if !stopping {

@@ -99,6 +99,17 @@ impl Outbox {
         self.in_flight
     }
 
+    /// Every held event (in flight included), in arrival order, with its attempts so far.
+    pub fn held(&self) -> Vec<&Pending> {
+        let mut held: Vec<&Pending> = self
+            .lanes
+            .values()
+            .flat_map(|lane| lane.events.iter())
+            .collect();
+        held.sort_by_key(|pending| pending.arrival);
+        held
+    }
+
     /// When the oldest held event arrived.
     pub fn oldest_arrival(&self) -> Option<Instant> {
         self.arrived_at.values().next().copied()

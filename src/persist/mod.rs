@@ -8,8 +8,11 @@
 //! - [`journal`]: appending records with group commit and the `--fsync` modes, surviving a
 //!   full disk.
 //! - [`store`]: the data directory (lock, file layout), recovery, and snapshots.
+//! - [`webhooks`]: replaying the webhook records into the events still held and the dead
+//!   letters.
 
 pub mod journal;
 pub mod log;
 pub mod record;
 pub mod store;
+pub mod webhooks;

@@ -17,6 +17,7 @@
 //! so a record can never bring in a value a client could not have sent. The framing (length,
 //! checksum, format version) is the log's (`persist::log`).
 
+use crate::events::{Event, EventKind};
 use crate::types::{InvalidInput, Key, Meta, ServiceName};
 
 /// How a key's deadline is kept across a restart.
@@ -72,6 +73,29 @@ pub enum Record {
     },
     /// A key on the expired list, whole (the form a snapshot writes).
     ExpiredEntry(ExpiredState),
+    /// An event held for a webhook URL (the URL with any password hidden), with the id every
+    /// attempt carries and the attempts made so far.
+    WebhookQueued(WebhookMessage),
+    /// The event left that URL's queue: delivered, or filed as a dead letter (the next
+    /// record then says so).
+    WebhookDone { url: String, id: String },
+    /// A dead letter: an event that could not be delivered to a URL.
+    DeadLetter {
+        message: WebhookMessage,
+        last_error: String,
+        failed_at_unix_ms: u64,
+    },
+    /// The dead letter of message `id` was re-sent (a `WebhookQueued` follows).
+    DeadLetterTaken { id: String },
+}
+
+/// An event on its way to one webhook URL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WebhookMessage {
+    pub url: String,
+    pub id: String,
+    pub attempts: u32,
+    pub event: Event,
 }
 
 /// A record that cannot be read back.
@@ -95,6 +119,10 @@ const UPSERT: u8 = 1;
 const DELETED: u8 = 2;
 const EXPIRED: u8 = 3;
 const EXPIRED_ENTRY: u8 = 4;
+const WEBHOOK_QUEUED: u8 = 16;
+const WEBHOOK_DONE: u8 = 17;
+const DEAD_LETTER: u8 = 18;
+const DEAD_LETTER_TAKEN: u8 = 19;
 
 const EXPIRY_NEVER: u8 = 0;
 const EXPIRY_RELATIVE: u8 = 1;
@@ -146,6 +174,29 @@ impl Record {
                 put_varint(out, state.last_heartbeat_unix_ms);
                 put_varint(out, state.expired_unix_ms);
             }
+            Self::WebhookQueued(message) => {
+                out.push(WEBHOOK_QUEUED);
+                put_message(out, message);
+            }
+            Self::WebhookDone { url, id } => {
+                out.push(WEBHOOK_DONE);
+                put_text(out, url);
+                put_text(out, id);
+            }
+            Self::DeadLetter {
+                message,
+                last_error,
+                failed_at_unix_ms,
+            } => {
+                out.push(DEAD_LETTER);
+                put_message(out, message);
+                put_text(out, last_error);
+                put_varint(out, *failed_at_unix_ms);
+            }
+            Self::DeadLetterTaken { id } => {
+                out.push(DEAD_LETTER_TAKEN);
+                put_text(out, id);
+            }
         }
     }
 
@@ -186,6 +237,19 @@ impl Record {
                 last_heartbeat_unix_ms: reader.varint()?,
                 expired_unix_ms: reader.varint()?,
             }),
+            WEBHOOK_QUEUED => Self::WebhookQueued(reader.message()?),
+            WEBHOOK_DONE => Self::WebhookDone {
+                url: reader.text()?.to_owned(),
+                id: reader.text()?.to_owned(),
+            },
+            DEAD_LETTER => Self::DeadLetter {
+                message: reader.message()?,
+                last_error: reader.text()?.to_owned(),
+                failed_at_unix_ms: reader.varint()?,
+            },
+            DEAD_LETTER_TAKEN => Self::DeadLetterTaken {
+                id: reader.text()?.to_owned(),
+            },
             other => return Err(DecodeError::UnknownTag(other)),
         };
         match reader.0.len() {
@@ -194,14 +258,15 @@ impl Record {
         }
     }
 
-    /// The key the record is about.
-    pub fn key(&self) -> &Key {
-        match self {
-            Self::Upsert(KeyState { key, .. })
-            | Self::Deleted { key, .. }
-            | Self::Expired { key, .. }
-            | Self::ExpiredEntry(ExpiredState { key, .. }) => key,
-        }
+    /// Whether the record is about webhook delivery (the notifier's), not the keys.
+    pub fn is_webhook(&self) -> bool {
+        matches!(
+            self,
+            Self::WebhookQueued(_)
+                | Self::WebhookDone { .. }
+                | Self::DeadLetter { .. }
+                | Self::DeadLetterTaken { .. }
+        )
     }
 }
 
@@ -234,6 +299,38 @@ fn put_meta(out: &mut Vec<u8>, meta: Option<&Meta>) {
         Some(meta) => {
             out.push(1);
             put_text(out, meta.raw().get());
+        }
+    }
+}
+
+fn put_message(out: &mut Vec<u8>, message: &WebhookMessage) {
+    put_text(out, &message.url);
+    put_text(out, &message.id);
+    put_varint(out, u64::from(message.attempts));
+    let event = &message.event;
+    out.push(match event.kind {
+        EventKind::Registered => 0,
+        EventKind::Expired => 1,
+        EventKind::Deleted => 2,
+    });
+    put_text(out, event.key.as_str());
+    put_service(out, event.service.as_ref());
+    put_meta(out, event.meta.as_ref());
+    put_optional(out, event.ttl_ms);
+    put_varint(out, event.registered_at_ms);
+    put_varint(out, event.last_heartbeat_at_ms);
+    put_optional(out, event.deadline_ms);
+    put_varint(out, event.occurred_at_ms);
+    put_varint(out, event.lateness_ms);
+    out.push(u8::from(event.restored));
+}
+
+fn put_optional(out: &mut Vec<u8>, value: Option<u64>) {
+    match value {
+        None => out.push(0),
+        Some(value) => {
+            out.push(1);
+            put_varint(out, value);
         }
     }
 }
@@ -280,6 +377,44 @@ impl<'a> Reader<'a> {
             1 => Ok(true),
             other => Err(DecodeError::UnknownTag(other)),
         }
+    }
+
+    fn optional(&mut self) -> Result<Option<u64>, DecodeError> {
+        if !self.present()? {
+            return Ok(None);
+        }
+        Ok(Some(self.varint()?))
+    }
+
+    fn message(&mut self) -> Result<WebhookMessage, DecodeError> {
+        let url = self.text()?.to_owned();
+        let id = self.text()?.to_owned();
+        let attempts = u32::try_from(self.varint()?).map_err(|_| DecodeError::Overflow)?;
+        let kind = match self.byte()? {
+            0 => EventKind::Registered,
+            1 => EventKind::Expired,
+            2 => EventKind::Deleted,
+            other => return Err(DecodeError::UnknownTag(other)),
+        };
+        let event = Event {
+            kind,
+            key: self.key()?,
+            service: self.service()?,
+            meta: self.meta()?,
+            ttl_ms: self.optional()?,
+            registered_at_ms: self.varint()?,
+            last_heartbeat_at_ms: self.varint()?,
+            deadline_ms: self.optional()?,
+            occurred_at_ms: self.varint()?,
+            lateness_ms: self.varint()?,
+            restored: self.present()?,
+        };
+        Ok(WebhookMessage {
+            url,
+            id,
+            attempts,
+            event,
+        })
     }
 
     fn key(&mut self) -> Result<Key, DecodeError> {
@@ -364,7 +499,71 @@ mod tests {
                     expired_unix_ms: at,
                 })
             ),
+            (message(), "[ -~]{0,40}", any::<u64>()).prop_map(|(message, last_error, at)| {
+                Record::DeadLetter {
+                    message,
+                    last_error,
+                    failed_at_unix_ms: at,
+                }
+            }),
+            message().prop_map(Record::WebhookQueued),
+            ("[a-z:/.0-9]{1,30}", "msg_[0-9a-f]{22}")
+                .prop_map(|(url, id)| Record::WebhookDone { url, id }),
+            "msg_[0-9a-f]{22}".prop_map(|id| Record::DeadLetterTaken { id }),
         ]
+    }
+
+    fn message() -> impl Strategy<Value = WebhookMessage> {
+        let kind = prop_oneof![
+            Just(EventKind::Registered),
+            Just(EventKind::Expired),
+            Just(EventKind::Deleted)
+        ];
+        let times = (
+            any::<u64>(),
+            any::<u64>(),
+            proptest::option::of(any::<u64>()),
+            any::<u64>(),
+            any::<u64>(),
+        );
+        (
+            ("[a-z:/.0-9]{1,30}", "msg_[0-9a-f]{22}", any::<u32>()),
+            (
+                kind,
+                key(),
+                service(),
+                meta(),
+                proptest::option::of(any::<u64>()),
+                any::<bool>(),
+            ),
+            times,
+        )
+            .prop_map(
+                |(
+                    (url, id, attempts),
+                    (kind, key, service, meta, ttl_ms, restored),
+                    (registered, last, deadline, occurred, lateness),
+                )| {
+                    WebhookMessage {
+                        url,
+                        id,
+                        attempts,
+                        event: Event {
+                            kind,
+                            key,
+                            service,
+                            meta,
+                            ttl_ms,
+                            registered_at_ms: registered,
+                            last_heartbeat_at_ms: last,
+                            deadline_ms: deadline,
+                            occurred_at_ms: occurred,
+                            lateness_ms: lateness,
+                            restored,
+                        },
+                    }
+                },
+            )
     }
 
     proptest! {

@@ -20,7 +20,8 @@ use crate::registry::services::ServiceId;
 use crate::types::ServiceName;
 
 impl Registry {
-    /// Applies one record read back from the log at start-up; `restart` is the instant the
+    /// Applies one key record read back from the log at start-up (webhook records are the
+    /// notifier's and are ignored here); `restart` is the instant the
     /// restart rule counts from. A service name the table cannot take (over the limit) leaves
     /// the key without one, with a warning.
     pub fn restore(&self, record: Record, restart: Instant) {
@@ -61,6 +62,11 @@ impl Registry {
                 let (hash, shard) = self.shard_of(&key);
                 shard.lock().restore_expired(hash, key, record);
             }
+            // The notifier's records; the caller hands them to it (`persist::webhooks`).
+            Record::WebhookQueued(_)
+            | Record::WebhookDone { .. }
+            | Record::DeadLetter { .. }
+            | Record::DeadLetterTaken { .. } => {}
         }
     }
 
@@ -77,8 +83,13 @@ impl Registry {
     }
 
     /// Writes a snapshot into `dir` and drops the log segments it replaces; returns the LSN it
-    /// was taken at and its size in bytes. Shards are read one at a time.
-    pub fn snapshot(&self, dir: &DataDir) -> Result<(Lsn, u64), StoreError> {
+    /// was taken at and its size in bytes. Shards are read one at a time; `more` (the
+    /// notifier's records) is called after the log is rotated, like them.
+    pub fn snapshot(
+        &self,
+        dir: &DataDir,
+        more: impl FnOnce() -> Vec<Record>,
+    ) -> Result<(Lsn, u64), StoreError> {
         let journal = self.journal.get().ok_or_else(|| StoreError::Io {
             path: dir.path().to_owned(),
             source: std::io::Error::other("no journal is attached"),
@@ -93,7 +104,8 @@ impl Registry {
         let records = self
             .shards
             .iter()
-            .flat_map(|shard| shard.0.lock().durable_records(&ctx));
+            .flat_map(|shard| shard.0.lock().durable_records(&ctx))
+            .chain(more());
         let size = dir.write_snapshot(lsn, records)?;
         Ok((lsn, size))
     }

@@ -71,7 +71,11 @@ wait_http() { # url
 }
 
 start_ttlwheel() { # extra flags...
-    target/release/ttlwheel --listen "127.0.0.1:$TW_PORT" "$@" >>"$OUT/ttlwheel-$TW_PORT.log" 2>&1 &
+    # Persistence on, as a user runs it (--fsync interval, the default), in a fresh data
+    # directory per server.
+    rm -rf "$OUT/data-$TW_PORT"
+    target/release/ttlwheel --listen "127.0.0.1:$TW_PORT" --data-dir "$OUT/data-$TW_PORT" "$@" \
+        >>"$OUT/ttlwheel-$TW_PORT.log" 2>&1 &
     TW_PID=$!
     PIDS+=("$TW_PID")
     wait_http "http://127.0.0.1:$TW_PORT/healthz"

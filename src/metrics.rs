@@ -299,6 +299,27 @@ impl Collector for Live {
             self.hub.dropped_events(),
         )?;
         self.encode_webhooks(&mut encoder, now)?;
+        if let Some(journal) = self.registry.journal() {
+            let (records, syncs) = journal.counts();
+            counter1(
+                &mut encoder,
+                "ttlwheel_log_records",
+                "Records written to the persistence log since start.",
+                records,
+            )?;
+            counter1(
+                &mut encoder,
+                "ttlwheel_log_syncs",
+                "Syncs of the persistence log (records per sync: the group-commit size).",
+                syncs,
+            )?;
+            gauge1(
+                &mut encoder,
+                "ttlwheel_log_failing",
+                "1 while the persistence log cannot be written (changes are refused).",
+                f64::from(u8::from(journal.is_failing())),
+            )?;
+        }
         let rss = resident_bytes();
         gauge1(
             &mut encoder,

@@ -123,6 +123,75 @@ impl Problem {
 
 /// [`read_file`] on bytes already read.
 pub fn read_bytes(bytes: &[u8], magic: &[u8; MAGIC_LEN]) -> Result<Contents, Problem> {
+    let mut records = Vec::new();
+    let (tail, valid_len) = scan(bytes, magic, |record| records.push(record))?;
+    Ok(Contents {
+        records,
+        tail,
+        valid_len,
+    })
+}
+
+/// How a file ended and the length of its whole frames, when its records went elsewhere.
+#[derive(Debug)]
+pub struct Scanned {
+    pub tail: Tail,
+    pub valid_len: u64,
+    pub n_records: u64,
+}
+
+/// Reads a file like [`read_file`], handing its records to `sink` in batches of `batch` while
+/// a second thread decodes the next ones (recovery decodes and applies on two cores at once,
+/// and never holds a whole file's records in memory).
+pub fn read_file_in_batches(
+    path: &Path,
+    magic: &[u8; MAGIC_LEN],
+    batch: usize,
+    mut sink: impl FnMut(Vec<Record>),
+) -> Result<Scanned, ReadError> {
+    let bytes = std::fs::read(path).map_err(|source| ReadError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    let (sender, batches) = std::sync::mpsc::sync_channel::<Vec<Record>>(4);
+    let scanned = std::thread::scope(|scope| {
+        let decoder = scope.spawn(|| {
+            let mut n_records = 0;
+            let mut pending = Vec::with_capacity(batch);
+            let scanned = scan(&bytes, magic, |record| {
+                n_records += 1;
+                pending.push(record);
+                if pending.len() == batch {
+                    let full = std::mem::replace(&mut pending, Vec::with_capacity(batch));
+                    // The receiver only stops early if the applying side panicked.
+                    let _ = sender.send(full);
+                }
+            });
+            if !pending.is_empty() {
+                let _ = sender.send(pending);
+            }
+            drop(sender);
+            scanned.map(|(tail, valid_len)| Scanned {
+                tail,
+                valid_len,
+                n_records,
+            })
+        });
+        for records in batches {
+            sink(records);
+        }
+        decoder.join().expect("the decoder does not panic")
+    });
+    scanned.map_err(|problem| problem.at(path))
+}
+
+/// Reads the frames of `bytes` (a whole file), handing each record to `on_record`; returns how
+/// the file ended and the length of its whole frames.
+fn scan(
+    bytes: &[u8],
+    magic: &[u8; MAGIC_LEN],
+    mut on_record: impl FnMut(Record),
+) -> Result<(Tail, u64), Problem> {
     let kind = if magic == LOG_MAGIC {
         "log segment"
     } else {
@@ -131,11 +200,7 @@ pub fn read_bytes(bytes: &[u8], magic: &[u8; MAGIC_LEN]) -> Result<Contents, Pro
     if bytes.len() < MAGIC_LEN {
         // A file created and not yet written whole: nothing in it was acknowledged.
         if magic.starts_with(bytes) {
-            return Ok(Contents {
-                records: Vec::new(),
-                tail: torn(bytes, 0),
-                valid_len: 0,
-            });
+            return Ok((torn(bytes, 0), 0));
         }
         return Err(Problem::NotOurs(
             kind,
@@ -148,31 +213,20 @@ pub fn read_bytes(bytes: &[u8], magic: &[u8; MAGIC_LEN]) -> Result<Contents, Pro
             String::from_utf8_lossy(magic).into(),
         ));
     }
-    let mut records = Vec::new();
     let mut offset = MAGIC_LEN;
     while offset < bytes.len() {
         match read_frame(&bytes[offset..]) {
             Ok((record, used)) => {
-                records.push(record);
+                on_record(record);
                 offset += used;
             }
             Err(reason) if valid_frame_after(bytes, offset) => {
                 return Err(Problem::Corrupt(offset as u64, reason));
             }
-            Err(_) => {
-                return Ok(Contents {
-                    records,
-                    tail: torn(bytes, offset),
-                    valid_len: offset as u64,
-                })
-            }
+            Err(_) => return Ok((torn(bytes, offset), offset as u64)),
         }
     }
-    Ok(Contents {
-        records,
-        tail: Tail::Clean,
-        valid_len: offset as u64,
-    })
+    Ok((Tail::Clean, offset as u64))
 }
 
 /// Whether a valid frame starts anywhere after `offset`, within the longest distance the next

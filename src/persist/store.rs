@@ -20,7 +20,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::journal::{FsyncMode, Journal, Lsn};
-use super::log::{frame, read_file, ReadError, Tail, LOG_MAGIC, SNAPSHOT_MAGIC};
+use super::log::{frame, read_file_in_batches, ReadError, Tail, LOG_MAGIC, SNAPSHOT_MAGIC};
+
+/// Records decoded per batch while the previous batch is applied.
+const BATCH: usize = 4096;
 use super::record::Record;
 
 /// The directory could not be opened or recovered.
@@ -136,17 +139,17 @@ impl DataDir {
         let segments = self.numbered("log-")?;
         let mut recovery = Recovery::default();
         let mut next_lsn: Lsn = 1;
+        let mut apply_all = |records: Vec<Record>| records.into_iter().for_each(&mut apply);
         if let Some(&(snapshot_lsn, ref path)) = snapshots.last() {
-            let contents = read_file(path, SNAPSHOT_MAGIC)?;
-            if contents.tail != Tail::Clean {
+            let scanned = read_file_in_batches(path, SNAPSHOT_MAGIC, BATCH, &mut apply_all)?;
+            if scanned.tail != Tail::Clean {
                 // Snapshots are renamed into place only once whole and synced.
                 return Err(StoreError::TornInside {
                     path: path.clone(),
-                    offset: contents.valid_len,
+                    offset: scanned.valid_len,
                 });
             }
-            recovery.n_records += contents.records.len() as u64;
-            contents.records.into_iter().for_each(&mut apply);
+            recovery.n_records += scanned.n_records;
             recovery.snapshot = Some(snapshot_lsn);
             next_lsn = snapshot_lsn;
         }
@@ -162,7 +165,7 @@ impl DataDir {
                     found: first,
                 });
             }
-            let contents = read_file(path, LOG_MAGIC)?;
+            let contents = read_file_in_batches(path, LOG_MAGIC, BATCH, &mut apply_all)?;
             let last = index + 1 == replayed.len();
             if let Tail::Torn { offset, dropped } = contents.tail {
                 if !last {
@@ -173,9 +176,8 @@ impl DataDir {
                 }
                 recovery.torn = Some((path.clone(), offset, dropped));
             }
-            next_lsn += contents.records.len() as Lsn;
-            recovery.n_records += contents.records.len() as u64;
-            contents.records.into_iter().for_each(&mut apply);
+            next_lsn += contents.n_records;
+            recovery.n_records += contents.n_records;
             if last {
                 recovery.last_segment = Some((path.clone(), contents.valid_len));
             }

@@ -3,9 +3,11 @@
 //!
 //! Recovery applies records in log order with no event and no record of its own; the ticker
 //! starts only after it, so a key that a later record re-registers is never expired by the
-//! way. Snapshots take one shard at a time, under its lock, after rotating the journal: every
-//! change after the rotation is in the new segment, so replaying it over the snapshot gives the
-//! state whatever moment each shard was read at (records are whole and idempotent).
+//! way. Snapshots read the shards in chunks of slots, one lock at a time, after rotating the
+//! journal: every change after the rotation is in the new segment, and each record is a key's
+//! whole state (or its end), so replaying that segment over the snapshot gives the state
+//! whatever moment each key was read at. Expired lists are read before the alive keys; a key
+//! both listed and alive in a snapshot is settled by its later records.
 
 use std::sync::Arc;
 
@@ -18,6 +20,11 @@ use crate::persist::store::{DataDir, StoreError};
 use crate::registry::listing::ExpiredRecord;
 use crate::registry::services::ServiceId;
 use crate::types::ServiceName;
+
+/// Slots a snapshot reads per shard lock. Reading a slot into a record costs ~100-200 ns, so a
+/// heartbeat waits at most about half a millisecond behind a snapshot (a whole shard of 62k
+/// keys, as at 1M keys, held the lock ~10 ms and showed as a heartbeat p99 of 4 ms).
+const SNAPSHOT_CHUNK: u32 = 4096;
 
 impl Registry {
     /// Applies one key record read back from the log at start-up (webhook records are the
@@ -100,12 +107,21 @@ impl Registry {
                 path: dir.path().to_owned(),
                 source,
             })?;
-        let ctx = self.ctx();
-        let records = self
+        let ctx = &self.ctx();
+        let expired = self
             .shards
             .iter()
-            .flat_map(|shard| shard.0.lock().durable_records(&ctx))
-            .chain(more());
+            .flat_map(|shard| shard.0.lock().expired_records(ctx));
+        let alive = self.shards.iter().flat_map(|shard| {
+            let mut next = Some(0);
+            std::iter::from_fn(move || {
+                let (records, after) = shard.0.lock().alive_records(next?, SNAPSHOT_CHUNK, ctx);
+                next = after;
+                Some(records)
+            })
+            .flatten()
+        });
+        let records = expired.chain(alive).chain(more());
         let size = dir.write_snapshot(lsn, records)?;
         Ok((lsn, size))
     }

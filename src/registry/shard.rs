@@ -657,22 +657,38 @@ impl Shard {
         }
     }
 
-    /// The records that rebuild this shard: its expired list, then its alive keys.
-    pub fn durable_records(&self, ctx: &Ctx<'_>) -> Vec<Record> {
-        let expired = self.expired.records().map(|(key, record)| {
-            Record::ExpiredEntry(ExpiredState {
-                key: key.clone(),
-                service: ctx.services.name(record.service),
-                meta: record.meta.clone(),
-                last_heartbeat_unix_ms: record.last_heartbeat_unix_ms,
-                expired_unix_ms: record.expired_unix_ms,
+    /// The records of this shard's expired list (bounded by `--expired-max`, so one call).
+    pub fn expired_records(&self, ctx: &Ctx<'_>) -> Vec<Record> {
+        self.expired
+            .records()
+            .map(|(key, record)| {
+                Record::ExpiredEntry(ExpiredState {
+                    key: key.clone(),
+                    service: ctx.services.name(record.service),
+                    meta: record.meta.clone(),
+                    last_heartbeat_unix_ms: record.last_heartbeat_unix_ms,
+                    expired_unix_ms: record.expired_unix_ms,
+                })
             })
-        });
-        let alive = self
-            .slots
-            .iter()
-            .map(|(_, entry)| Record::Upsert(self.durable_state(entry, ctx)));
-        expired.chain(alive).collect()
+            .collect()
+    }
+
+    /// The records of the alive keys in slots `from..from + count`, and the slot to go on from
+    /// (`None` at the end): a snapshot reads a shard in such chunks, so no heartbeat waits
+    /// behind a whole shard.
+    pub fn alive_records(
+        &self,
+        from: SlotId,
+        count: u32,
+        ctx: &Ctx<'_>,
+    ) -> (Vec<Record>, Option<SlotId>) {
+        let end = from.saturating_add(count);
+        let records = (from..end)
+            .filter_map(|slot| self.slots.get(slot))
+            .map(|entry| Record::Upsert(self.durable_state(entry, ctx)))
+            .collect();
+        let next = (end < self.slots.len_with_free()).then_some(end);
+        (records, next)
     }
 
     /// Checks every invariant of the module documentation; panics naming the first one broken.

@@ -80,6 +80,11 @@ impl<T> Slots<T> {
         self.get_mut(slot).expect("slot is live")
     }
 
+    /// The number of ids handed out so far, live or free: every live id is below it.
+    pub fn len_with_free(&self) -> SlotId {
+        SlotId::try_from(self.entries.len()).expect("fewer than 2^32 slots per shard")
+    }
+
     /// Every live `(slot, entry)`, in id order.
     pub fn iter(&self) -> impl Iterator<Item = (SlotId, &T)> {
         (0..)

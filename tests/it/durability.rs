@@ -162,9 +162,13 @@ async fn mixed_load(
     server: Arc<Server>,
     client_idx: usize,
     round: usize,
+    until: Option<tokio::time::Instant>,
 ) -> BTreeMap<String, Acked> {
     let mut acked = BTreeMap::new();
     for n in 0.. {
+        if until.is_some_and(|until| tokio::time::Instant::now() >= until) {
+            break;
+        }
         let key = format!("r{round}-c{client_idx}-k{n}");
         let service = format!("svc-{}", n % 3);
         let meta = json!({ "n": n, "client": client_idx });
@@ -243,7 +247,7 @@ async fn kill_9_under_load_loses_nothing_acknowledged_with_fsync_always() {
         // What earlier rounds acknowledged survived this restart, and the one before.
         check_acknowledged(&server, &acked).await;
         let clients: Vec<_> = (0..4)
-            .map(|client| tokio::spawn(mixed_load(Arc::clone(&server), client, round)))
+            .map(|client| tokio::spawn(mixed_load(Arc::clone(&server), client, round, None)))
             .collect();
         // Killed at a different moment each round, mid-load.
         tokio::time::sleep(Duration::from_millis(150 + 130 * round as u64)).await;
@@ -273,6 +277,36 @@ async fn kill_9_under_load_loses_nothing_acknowledged_with_fsync_always() {
             "{key}"
         );
     }
+}
+
+/// With `--fsync interval`, what a crash may lose is the last interval: everything acknowledged
+/// longer ago than that is there after a `kill -9`, and the state is whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_with_fsync_interval_loses_at_most_the_last_interval() {
+    let dir = temp_data_dir("interval");
+    let mut acked: BTreeMap<String, Acked> = BTreeMap::new();
+    for round in 0..2 {
+        let server = Arc::new(Server::start(
+            &dir,
+            &["--fsync", "interval", "--fsync-interval", "100ms"],
+        ));
+        server.ready().await;
+        check_acknowledged(&server, &acked).await;
+        let until = tokio::time::Instant::now() + Duration::from_millis(300);
+        let clients: Vec<_> = (0..4)
+            .map(|client| tokio::spawn(mixed_load(Arc::clone(&server), client, round, Some(until))))
+            .collect();
+        for client in clients {
+            acked.extend(client.await.unwrap());
+        }
+        // Everything was acknowledged more than an interval before the kill.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        server.signal("-KILL");
+    }
+    let server = Server::start(&dir, &[]);
+    server.ready().await;
+    check_acknowledged(&server, &acked).await;
+    assert!(acked.len() > 20, "{} keys", acked.len());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -447,7 +447,7 @@ async fn closed_loop(
         let started = Instant::now();
         register(target, &args.prefix, args.keys, args.ttl, 4).await?;
         eprintln!(
-            "{mode}: preloaded {} keys in {:.1} s",
+            "{mode}: preloaded {} keys in {:.2} s",
             args.keys,
             started.elapsed().as_secs_f64()
         );

@@ -46,6 +46,14 @@ pub enum FsyncMode {
 
 /// The longest pause between retries of a failing write.
 const MAX_RETRY_PAUSE: Duration = Duration::from_secs(1);
+/// Without `--fsync always`, how long the flusher lets records gather before a write: one
+/// write and one wake-up per this period instead of one per append (measured, 1M creations
+/// through the batch route: 2.5 s with a wake-up per append, 1.4-1.8 s without, memory-only
+/// 1.3-1.8 s). A kill -9 can lose at most this much of what was acknowledged, well within the
+/// interval the mode allows.
+const GATHER: Duration = Duration::from_millis(5);
+/// Without `--fsync always`, a buffer this large is written without waiting for `GATHER`.
+const GATHER_BYTES: usize = 1 << 20;
 
 /// What the callers and the flusher share.
 struct Shared {
@@ -56,6 +64,8 @@ struct Shared {
     /// The highest LSN written and synced as the mode requires.
     durable: watch::Sender<Lsn>,
     failing: AtomicBool,
+    /// `--fsync always`: every append wakes the flusher (a request waits for the sync).
+    eager: bool,
     /// Records written and syncs made (for the group-commit size).
     n_written: AtomicU64,
     n_syncs: AtomicU64,
@@ -125,6 +135,7 @@ impl Journal {
             arrived: Condvar::new(),
             durable: watch::Sender::new(last),
             failing: AtomicBool::new(false),
+            eager: mode == FsyncMode::Always,
             n_written: AtomicU64::new(0),
             n_syncs: AtomicU64::new(0),
         });
@@ -146,17 +157,17 @@ impl Journal {
         let mut pending = self.shared.pending.lock();
         // Framing under the lock costs about what copying a pre-framed buffer would, without
         // the allocation.
-        let was_empty = pending.bytes.is_empty();
+        let before = pending.bytes.len();
         for record in records {
             frame(record, &mut pending.bytes);
         }
         pending.appended += records.len() as Lsn;
         let lsn = pending.appended;
+        let after = pending.bytes.len();
         drop(pending);
-        // Only the first append into an empty buffer wakes the flusher: it takes everything
-        // buffered when it runs, and waking it per record (a million times in a mass creation)
-        // cost more than the writes (measured: 1M creations went from 3.1 s to ... s).
-        if was_empty && !records.is_empty() {
+        // Only an append into an empty buffer wakes the flusher (it takes everything buffered
+        // when it runs), or one that makes the buffer large; never one per record.
+        if after > before && (before == 0 || (before < GATHER_BYTES && after >= GATHER_BYTES)) {
             self.shared.arrived.notify_one();
         }
         lsn
@@ -339,6 +350,15 @@ fn flush_loop(shared: &Shared, mut segment: Segment, mode: FsyncMode) -> std::io
                 if shared.arrived.wait_for(&mut pending, wait).timed_out() {
                     break;
                 }
+            }
+            // Unless a request waits for the sync, let more records gather before writing.
+            if !shared.eager
+                && !pending.bytes.is_empty()
+                && pending.bytes.len() < GATHER_BYTES
+                && !pending.closing
+                && pending.rotation.is_none()
+            {
+                let _ = shared.arrived.wait_for(&mut pending, GATHER);
             }
             (
                 std::mem::take(&mut pending.bytes),

@@ -6,6 +6,7 @@
 #
 # Usage: bash bench/persist.sh            (about 10 minutes with the defaults)
 #   ROUNDS=3 DURATION=10s KEYS=1000000 BIG_KEYS=10000000 (0 skips the 10M restart)
+#   MODES="ephemeral interval always" (ephemeral must be one: the ratios are against it)
 # Servers bind 127.0.0.1 only and are stopped by PID. Results: target/bench-persist/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,7 +51,7 @@ median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+
 
 : > "$OUT/rows.tsv"
 for round in $(seq 1 "$ROUNDS"); do
-  for mode in ephemeral interval always; do
+  for mode in ${MODES:-ephemeral interval always}; do
     rm -rf "$OUT/data-$mode"
     start $(flags "$mode")
     # The preload is the creations: KEYS new keys through the batch route, 4 connections.
@@ -80,10 +81,11 @@ col() { awk -F'\t' -v m="$1" -v c="$2" '$2==m {print $c}' "$OUT/rows.tsv" | medi
 echo
 echo "| measure (median of $ROUNDS alternating rounds) | ephemeral | interval | always | interval/ephemeral | always/ephemeral |"
 echo "|---|---|---|---|---|---|"
+ratio() { if [ -n "$1" ] && [ -n "$2" ]; then printf '%.2f' "$(echo "$1/$2" | bc -l)"; else echo -; fi; }
 row() {
   local name=$1 col=$2 e i a
   e=$(col ephemeral "$col"); i=$(col interval "$col"); a=$(col always "$col")
-  printf '| %s | %s | %s | %s | %.2f | %.2f |\n' "$name" "$e" "$i" "$a" "$(echo "$i/$e" | bc -l)" "$(echo "$a/$e" | bc -l)"
+  printf '| %s | %s | %s | %s | %s | %s |\n' "$name" "${e:--}" "${i:--}" "${a:--}" "$(ratio "$i" "$e")" "$(ratio "$a" "$e")"
 }
 row "single renewals (req/s, 50 connections)" 4
 row "single renewals p99 (ms)" 5
@@ -91,7 +93,8 @@ row "batch renewals (heartbeats/s)" 6
 row "$KEYS creations, batch route (s of client time)" 3
 echo "| records per sync (always: the group-commit size) | - | $(col interval 7) | $(col always 7) | | |"
 echo "| restart to /healthz 200 with $KEYS keys, from the SIGTERM snapshot (s) | - | $(col interval 8) | $(col always 8) | | |"
-echo "| data directory after the run (bytes per key) | - | $(echo "$(col interval 9)/$KEYS" | bc -l | xargs printf '%.1f') | $(echo "$(col always 9)/$KEYS" | bc -l | xargs printf '%.1f') | | |"
+per_key() { if [ -n "$1" ]; then printf '%.1f' "$(echo "$1/$KEYS" | bc -l)"; else echo -; fi; }
+echo "| data directory after the run (bytes per key) | - | $(per_key "$(col interval 9)") | $(per_key "$(col always 9)") | | |"
 
 if [ "$BIG_KEYS" -gt 0 ]; then
   # BIG_KEYS creations, then kill -9: the restart reads the last periodic snapshot and replays

@@ -47,7 +47,7 @@ flags() {
 }
 
 result() { grep '^RESULT' | sed 's/^RESULT //'; }
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+median() { sort -g | awk '{a[NR]=$1} END {if (NR) print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 
 : > "$OUT/rows.tsv"
 for round in $(seq 1 "$ROUNDS"); do

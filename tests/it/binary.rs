@@ -18,6 +18,8 @@ fn bad_flag_values_fail_fast_with_a_message() {
         &["--webhook-max-attempts", "0"],
         &["--webhook-events", "expired,renewed"],
         &["--threads", "many"],
+        &["--fsync", "sometimes"],
+        &["--fsync-interval", "0s"],
     ] {
         let output = Command::new(BINARY).args(args).output().expect("runs");
         assert!(!output.status.success(), "{args:?} accepted");
@@ -76,6 +78,10 @@ fn help_documents_every_flag_and_its_environment_variable() {
         "--webhook-queue-max",
         "--webhook-dead-letters-max",
         "--webhook-drain-timeout",
+        "--data-dir",
+        "--ephemeral",
+        "--fsync",
+        "--fsync-interval",
     ] {
         assert!(help.contains(flag), "{flag} missing from --help");
     }
@@ -92,6 +98,8 @@ fn help_documents_every_flag_and_its_environment_variable() {
         "TTLWHEEL_WEBHOOK_TIMEOUT",
         "TTLWHEEL_WEBHOOK_CONCURRENCY",
         "TTLWHEEL_WEBHOOK_MAX_ATTEMPTS",
+        "TTLWHEEL_DATA_DIR",
+        "TTLWHEEL_FSYNC",
     ] {
         assert!(help.contains(env), "{env} missing from --help");
     }

@@ -444,24 +444,10 @@ fn flush_loop(shared: &Shared, mut segment: Segment, mode: FsyncMode) -> std::io
 mod tests {
     use super::*;
     use crate::persist::log::{read_file, Tail};
-    use crate::persist::record::{Expiry, KeyState};
-    use crate::types::Key;
-
-    fn record(n: u64) -> Record {
-        Record::Upsert(KeyState {
-            key: Key::new(&format!("k{n}")).unwrap(),
-            service: None,
-            meta: None,
-            expiry: Expiry::Relative { ttl_ms: 5_000 },
-            registered_unix_ms: n,
-            last_heartbeat_unix_ms: n,
-        })
-    }
+    use crate::persist::testing::{record, temp_path};
 
     fn temp_dir(name: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("ttlwheel-journal-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = temp_path(&format!("journal-{name}"));
         std::fs::create_dir_all(&dir).unwrap();
         dir
     }

@@ -273,21 +273,8 @@ fn read_frame(bytes: &[u8]) -> Result<(Record, usize), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::persist::record::Expiry;
-    use crate::persist::record::KeyState;
-    use crate::types::Key;
+    use crate::persist::testing::record as upsert;
     use proptest::prelude::*;
-
-    fn upsert(n: u64) -> Record {
-        Record::Upsert(KeyState {
-            key: Key::new(&format!("key-{n}")).unwrap(),
-            service: None,
-            meta: None,
-            expiry: Expiry::Relative { ttl_ms: 1000 + n },
-            registered_unix_ms: n,
-            last_heartbeat_unix_ms: n,
-        })
-    }
 
     /// A log file of `n` records, and the offset where each frame starts.
     fn file_of(n: u64) -> (Vec<u8>, Vec<usize>) {

@@ -275,25 +275,10 @@ impl DataDir {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::persist::record::{Expiry, KeyState};
-    use crate::types::Key;
-
-    fn record(n: u64) -> Record {
-        Record::Upsert(KeyState {
-            key: Key::new(&format!("k{n}")).unwrap(),
-            service: None,
-            meta: None,
-            expiry: Expiry::Relative { ttl_ms: 5_000 },
-            registered_unix_ms: n,
-            last_heartbeat_unix_ms: n,
-        })
-    }
+    use crate::persist::testing::{record, temp_path};
 
     fn temp_dir(name: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("ttlwheel-store-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        dir
+        temp_path(&format!("store-{name}"))
     }
 
     fn recovered(dir: &DataDir) -> (Vec<Record>, Recovery) {

@@ -1,8 +1,13 @@
 //! Restarts lose nothing: faults against the real binary with a data directory under a temp
 //! dir. Each test says what must not be lost, and checks it after the fault:
-//! - `kill -9` under a mixed load, several rounds: with `--fsync always`, every acknowledged
-//!   creation, deletion and TTL change is there after the restart, and every key that is there
-//!   is whole (the service and metadata it was sent with);
+//! - `kill -9` under a mixed load (creations, renewals, deletions, TTL changes, expiries),
+//!   several rounds: with `--fsync always`, every acknowledged creation, deletion and TTL change
+//!   is there after the restart, every key that expired stays expired (or expires within its
+//!   TTL of the restart), and every key that is there is whole (the service and metadata it was
+//!   sent with); with `--fsync interval`, nothing acknowledged longer than an interval ago is
+//!   lost;
+//! - webhook events not yet delivered at a kill are delivered after the restart with the same
+//!   `webhook-id`, and dead letters survive;
 //! - a torn tail (the log cut mid-record) recovers up to the last whole record and says so;
 //! - a corrupted record in the middle refuses to start, naming the file and the offset;
 //! - a clean stop (SIGTERM) writes a snapshot, so the next start replays no log record;
@@ -154,6 +159,9 @@ enum Acked {
     /// A deletion was sent and the kill cut its answer: it may or may not have happened
     /// (not acknowledged, so either is right).
     Uncertain,
+    /// Created with a 100 ms TTL and never renewed: expired, before the kill or (by the restart
+    /// rule) within 100 ms of the restart; never alive for good.
+    Short,
 }
 
 /// One client's mixed load until the server stops answering: creations with a service and
@@ -200,6 +208,37 @@ async fn mixed_load(
                 _ => {}
             }
         }
+        if n % 3 == 2 {
+            // A renewal that changes nothing but the deadline (no log record).
+            let previous = format!("r{round}-c{client_idx}-k{}", n - 1);
+            let service = format!("svc-{}", (n - 1) % 3);
+            let meta = json!({ "n": n - 1, "client": client_idx });
+            let body = json!({"key": previous, "service": service, "meta": meta, "ttl_s": 3600});
+            if server
+                .call(reqwest::Method::POST, "/v1/heartbeats", Some(body))
+                .await
+                .0
+                == StatusCode::BAD_GATEWAY
+            {
+                break;
+            }
+        }
+        if n % 6 == 5 {
+            // A key that expires on its own, logged as an expiry by the sweeper.
+            let short = format!("r{round}-c{client_idx}-short{n}");
+            let body = json!({"key": short, "service": "short", "meta": {}, "ttl_ms": 100});
+            match server
+                .call(reqwest::Method::POST, "/v1/heartbeats", Some(body))
+                .await
+                .0
+            {
+                StatusCode::OK => {
+                    acked.insert(short, Acked::Short);
+                }
+                StatusCode::BAD_GATEWAY => break,
+                _ => {}
+            }
+        }
         if n % 5 == 4 {
             let target = format!("r{round}-c{client_idx}-k{}", n - 1);
             let path = format!("/v1/keys/{target}/ttl");
@@ -231,7 +270,7 @@ async fn check_acknowledged(server: &Server, acked: &BTreeMap<String, Acked>) {
                 );
             }
             Acked::Deleted => assert_eq!(status, StatusCode::NOT_FOUND, "{key} was deleted"),
-            Acked::Uncertain => {}
+            Acked::Uncertain | Acked::Short => {}
         }
     }
 }
@@ -267,6 +306,22 @@ async fn kill_9_under_load_loses_nothing_acknowledged_with_fsync_always() {
         .filter(|state| matches!(state, Acked::Alive { .. }))
         .count();
     assert!(alive > 50, "the load acknowledged only {alive} creations");
+    // Short-lived keys all expired: before a kill, or within their TTL of a restart.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let short: Vec<&String> = acked
+        .iter()
+        .filter(|(_, state)| **state == Acked::Short)
+        .map(|(key, _)| key)
+        .collect();
+    assert!(short.len() > 5, "{} short-lived keys", short.len());
+    for key in short {
+        let path = format!("/v1/keys/{key}");
+        assert_eq!(
+            server.call(reqwest::Method::GET, &path, None).await.0,
+            StatusCode::NOT_FOUND,
+            "{key}"
+        );
+    }
     // Nothing is half there: every key listed is whole (a service and its metadata).
     let (_, listed) = server
         .call(reqwest::Method::GET, "/v1/keys?limit=1000", None)

@@ -97,11 +97,20 @@ impl<S: Send + Sync> FromRequestParts<S> for PathParam {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        let Path(raw) = Path::<String>::from_request_parts(parts, state)
-            .await
-            .map_err(|rejection| ApiError::InvalidPath(path_problem(&rejection)))?;
-        Ok(Self(raw))
+        Ok(Self(path_text(parts, state, ApiError::InvalidPath).await?))
     }
+}
+
+/// The one path parameter as text, or the error `invalid` makes of what is wrong with it.
+async fn path_text<S: Send + Sync>(
+    parts: &mut Parts,
+    state: &S,
+    invalid: fn(String) -> ApiError,
+) -> Result<String, ApiError> {
+    let Path(raw) = Path::<String>::from_request_parts(parts, state)
+        .await
+        .map_err(|rejection| invalid(path_problem(&rejection)))?;
+    Ok(raw)
 }
 
 /// What is wrong with a path parameter, in words (axum's text names the parameter).
@@ -124,9 +133,7 @@ impl<S: Send + Sync> FromRequestParts<S> for KeyPath {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        let Path(raw) = Path::<String>::from_request_parts(parts, state)
-            .await
-            .map_err(|rejection| ApiError::InvalidKey(path_problem(&rejection)))?;
+        let raw = path_text(parts, state, ApiError::InvalidKey).await?;
         Ok(Self(Key::new(&raw)?))
     }
 }

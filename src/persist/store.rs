@@ -281,6 +281,17 @@ mod tests {
         temp_path(&format!("store-{name}"))
     }
 
+    /// A fresh data directory at `name` whose first segment holds `records`, and that segment.
+    fn written(name: &str, records: &[Record]) -> (DataDir, PathBuf) {
+        let dir = DataDir::open(&temp_dir(name)).unwrap();
+        let recovery = dir.recover(|_| {}).unwrap();
+        let journal = dir.open_journal(&recovery, FsyncMode::Always).unwrap();
+        journal.append(records);
+        journal.close().unwrap();
+        let segment = dir.segment_path(1);
+        (dir, segment)
+    }
+
     fn recovered(dir: &DataDir) -> (Vec<Record>, Recovery) {
         let mut records = Vec::new();
         let recovery = dir.recover(|record| records.push(record)).unwrap();
@@ -339,14 +350,7 @@ mod tests {
 
     #[test]
     fn a_torn_tail_is_cut_off_the_last_segment_only() {
-        let path = temp_dir("torn");
-        let dir = DataDir::open(&path).unwrap();
-        let recovery = dir.recover(|_| {}).unwrap();
-        let journal = dir.open_journal(&recovery, FsyncMode::Always).unwrap();
-        journal.append(&[record(1), record(2)]);
-        journal.close().unwrap();
-        drop(journal);
-        let segment = dir.segment_path(1);
+        let (dir, segment) = written("torn", &[record(1), record(2)]);
         let mut bytes = std::fs::read(&segment).unwrap();
         let whole = bytes.len();
         bytes.truncate(whole - 3);
@@ -366,14 +370,7 @@ mod tests {
 
     #[test]
     fn corruption_in_the_middle_is_refused_with_the_file_and_offset() {
-        let path = temp_dir("corrupt");
-        let dir = DataDir::open(&path).unwrap();
-        let recovery = dir.recover(|_| {}).unwrap();
-        let journal = dir.open_journal(&recovery, FsyncMode::Always).unwrap();
-        journal.append(&[record(1), record(2), record(3)]);
-        journal.close().unwrap();
-        drop(journal);
-        let segment = dir.segment_path(1);
+        let (dir, segment) = written("corrupt", &[record(1), record(2), record(3)]);
         let mut bytes = std::fs::read(&segment).unwrap();
         bytes[LOG_MAGIC.len() + 10] ^= 0xff; // inside the first frame
         std::fs::write(&segment, &bytes).unwrap();

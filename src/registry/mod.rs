@@ -2,7 +2,7 @@
 //!
 //! This is the only code that touches the timing wheel and the deadline heap, and the only
 //! place keys are created, renewed, expired or deleted. Everything else (the HTTP API, the
-//! ticker, later persistence and replication) goes through [`Registry`]'s methods, each of which
+//! ticker, persistence (`durable.rs`), later replication) goes through [`Registry`]'s methods, each of which
 //! takes the current time as an argument instead of reading a clock, so tests drive time.
 //!
 //! Layout: keys are spread over [`Shard`]s by hash; each shard has its own index, wheel and heap

@@ -239,6 +239,10 @@ async fn lifecycle(parts: Lifecycle) -> Result<(), String> {
             let _ = stopped_for_ticker.wait_for(|&stop| stop).await;
         },
     );
+    let mut stopped_for_watch = stopped.clone();
+    let watch = ticker::watch_for_stalls(Arc::clone(&registry), async move {
+        let _ = stopped_for_watch.wait_for(|&stop| stop).await;
+    });
     let snapshots = async {
         let Some((dir, _)) = &persistence else {
             return std::future::pending().await;
@@ -247,9 +251,12 @@ async fn lifecycle(parts: Lifecycle) -> Result<(), String> {
     };
     tokio::select! {
         () = ticker => {}
+        () = watch => {}
         () = snapshots => {}
         _ = stopped.wait_for(|&stop| stop) => {}
     }
+    // Whichever ended first, the watchdog no longer turns: its silence is no stall.
+    registry.clock().stop_watching();
     Ok(())
 }
 

@@ -298,6 +298,19 @@ impl Collector for Live {
             "Events that dropped event-stream clients had not read.",
             self.hub.dropped_events(),
         )?;
+        let stalls = self.registry.clock().stalls();
+        counter1(
+            &mut encoder,
+            "ttlwheel_stalls",
+            "Stalls of the process (it could not run for longer than the slack); every deadline was extended by each.",
+            stalls.count,
+        )?;
+        ConstCounter::new(stalls.total_ms as f64 / 1000.0).encode(encoder.encode_descriptor(
+            "ttlwheel_stall_seconds",
+            "Time the process was stalled, in all; deadlines were extended by as much.",
+            None,
+            MetricType::Counter,
+        )?)?;
         self.encode_webhooks(&mut encoder, now)?;
         if let Some(journal) = self.registry.journal() {
             let (records, syncs) = journal.counts();

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use tokio::time::{sleep_until, Instant};
 
+use crate::clock::stalls::WATCH_PERIOD_MS;
 use crate::registry::Registry;
 
 /// Slots one sweep step handles before yielding to the runtime (a few ms of work at most).
@@ -54,6 +55,23 @@ async fn sweep_due_timed(registry: &Registry, on_step: &impl Fn(std::time::Durat
         }
         tokio::task::yield_now().await;
     }
+}
+
+/// The stall watchdog (see `clock::stalls`): turns every `WATCH_PERIOD_MS` until `shutdown`
+/// resolves, each turn promising the next; a turn, or any reading of the registry's clock, that
+/// comes later than promised accounts a stall of the process and extends every deadline by it.
+/// It runs as its own task, beside the ticker, so a long sweep does not look like a stall.
+pub async fn watch_for_stalls(registry: Arc<Registry>, shutdown: impl Future<Output = ()>) {
+    tokio::pin!(shutdown);
+    let period = std::time::Duration::from_millis(WATCH_PERIOD_MS);
+    loop {
+        registry.clock().watch(Instant::now());
+        tokio::select! {
+            () = &mut shutdown => break,
+            () = tokio::time::sleep(period) => {}
+        }
+    }
+    registry.clock().stop_watching();
 }
 
 /// How far behind the ticker is: seconds between the last fully swept tick and `now`.

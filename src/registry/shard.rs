@@ -1087,7 +1087,23 @@ impl Shard {
 }
 
 /// The event of `kind` for `entry`, times in Unix ms.
+///
+/// An expiry's lateness is real time: it adds the stalls of the process since the key's last
+/// heartbeat (which extended its deadline, or held up its expiry), and its `deadline` is the
+/// one the key had before they did, so `occurred_at - deadline = lateness` still holds.
 fn event_of(kind: EventKind, entry: &Entry, ctx: &Ctx<'_>, now_ms: u64) -> Event {
+    let occurred_at_ms = ctx.clock.unix_ms(now_ms);
+    let (deadline_ms, lateness_ms) = match (kind, entry.deadline()) {
+        (EventKind::Expired, Some(deadline_ms)) => {
+            let stalled_ms = ctx.clock.stalled_since_unix(entry.last_heartbeat_unix_ms);
+            let lateness_ms = now_ms.saturating_sub(deadline_ms) + stalled_ms;
+            (
+                Some(occurred_at_ms.saturating_sub(lateness_ms)),
+                lateness_ms,
+            )
+        }
+        (_, deadline_ms) => (deadline_ms.map(|ms| ctx.clock.unix_ms(ms)), 0),
+    };
     Event {
         kind,
         key: entry.key.clone(),
@@ -1096,14 +1112,9 @@ fn event_of(kind: EventKind, entry: &Entry, ctx: &Ctx<'_>, now_ms: u64) -> Event
         ttl_ms: entry.ttl(),
         registered_at_ms: entry.registered_unix_ms(),
         last_heartbeat_at_ms: entry.last_heartbeat_unix_ms,
-        deadline_ms: entry
-            .deadline()
-            .map(|deadline_ms| ctx.clock.unix_ms(deadline_ms)),
-        occurred_at_ms: ctx.clock.unix_ms(now_ms),
-        lateness_ms: match kind {
-            EventKind::Expired => now_ms.saturating_sub(entry.deadline_ms),
-            EventKind::Registered | EventKind::Deleted => 0,
-        },
+        deadline_ms,
+        occurred_at_ms,
+        lateness_ms,
         restored: kind == EventKind::Expired && entry.flags & RESTORED != 0,
     }
 }

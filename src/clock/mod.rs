@@ -1,4 +1,5 @@
-//! Time as the registry sees it: milliseconds on the monotonic clock since the registry's epoch.
+//! Time as the registry sees it: milliseconds on the monotonic clock since the registry's epoch,
+//! standing still across stalls of the process itself (see [`stalls`]).
 //!
 //! Deadlines live on `tokio::time::Instant` so tests control them with paused time. Wall-clock
 //! time is for display only: it is the wall time read once at the epoch plus the monotonic time
@@ -9,9 +10,13 @@
 //! the instant rounded *up* (`deadline_ms`), so `deadline_ms <= now_ms` is never true before the
 //! exact deadline: expiry is never early, not even by a fraction of a millisecond.
 
+pub mod stalls;
+
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
+
+pub use stalls::{Stall, StallTotals, Stalls};
 
 /// An instant in epoch milliseconds: rounded down for "has it passed", up for new deadlines.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,13 +34,15 @@ impl Now {
     }
 }
 
-/// Converts between instants, epoch milliseconds and Unix milliseconds.
-#[derive(Clone, Copy, Debug)]
+/// Converts between instants, registry milliseconds and Unix milliseconds. Registry time is
+/// real (monotonic) time since the epoch minus the stalls accounted so far.
+#[derive(Debug)]
 pub struct Clock {
     /// Monotonic time zero: ms and ticks count from here.
     epoch: Instant,
     /// Unix time in ms at `epoch`, read once.
     unix_ms_at_epoch: u64,
+    stalls: Stalls,
 }
 
 impl Clock {
@@ -51,18 +58,48 @@ impl Clock {
         Self {
             epoch,
             unix_ms_at_epoch,
+            stalls: Stalls::default(),
         }
     }
 
-    /// `now` in epoch milliseconds, read once (an `Instant` subtraction is not free on the
-    /// heartbeat path).
+    /// `now` in registry milliseconds, read once (an `Instant` subtraction is not free on the
+    /// heartbeat path). The first reading after a stall of the process accounts it.
     pub fn at(&self, now: Instant) -> Now {
         let since = now.saturating_duration_since(self.epoch);
-        let ms = since.as_millis() as u64;
+        let mapped = self.stalls.map(since.as_millis() as u64);
+        let fraction = !mapped.frozen && !since.subsec_nanos().is_multiple_of(1_000_000);
         Now {
-            ms,
-            ceil_ms: ms + u64::from(!since.subsec_nanos().is_multiple_of(1_000_000)),
+            ms: mapped.ms,
+            ceil_ms: mapped.ms + u64::from(fraction),
         }
+    }
+
+    /// A watchdog turn (see [`stalls`]): the first one arms stall detection.
+    pub fn watch(&self, now: Instant) {
+        let since = now.saturating_duration_since(self.epoch);
+        self.stalls.watch(since.as_millis() as u64);
+    }
+
+    /// The watchdog stopped: its silence is no stall.
+    pub fn stop_watching(&self) {
+        self.stalls.disarm();
+    }
+
+    /// The stalls accounted so far.
+    pub fn stalls(&self) -> StallTotals {
+        self.stalls.totals()
+    }
+
+    /// Stall time accounted since Unix time `unix_ms` (what a deadline set then was extended
+    /// by, and what an expiry's lateness must still show).
+    pub fn stalled_since_unix(&self, unix_ms: u64) -> u64 {
+        self.stalls
+            .stalled_since(unix_ms.saturating_sub(self.unix_ms_at_epoch))
+    }
+
+    /// The Unix time, in ms, of real time `real_ms` after the epoch (a stall's start).
+    pub fn unix_ms_of_real(&self, real_ms: u64) -> u64 {
+        self.unix_ms_at_epoch.saturating_add(real_ms)
     }
 
     /// Whole milliseconds elapsed between the epoch and `now`, rounded down.
@@ -70,19 +107,27 @@ impl Clock {
         self.at(now).ms
     }
 
-    /// The instant at `ms` after the epoch.
+    /// The instant of registry time `ms`.
     pub fn instant_at(&self, ms: u64) -> Instant {
-        self.epoch + Duration::from_millis(ms)
+        let real_ms = self.stalls.unmap(ms.min(i64::MAX as u64) as i64).max(0) as u64;
+        self.epoch + Duration::from_millis(real_ms)
     }
 
-    /// The Unix time, in ms, of `ms` after the epoch.
+    /// The Unix time, in ms, of registry time `ms`.
     pub fn unix_ms(&self, ms: u64) -> u64 {
-        self.unix_ms_at_epoch.saturating_add(ms)
+        let real_ms = self.stalls.unmap(ms.min(i64::MAX as u64) as i64);
+        (self.unix_ms_at_epoch as i64)
+            .saturating_add(real_ms)
+            .max(0) as u64
     }
 
-    /// Epoch milliseconds of a Unix time; negative when it lies before the epoch.
+    /// Registry milliseconds of a Unix time; negative when it lies before the epoch.
     pub fn ms_from_unix(&self, unix_ms: i64) -> i64 {
-        unix_ms.saturating_sub(self.unix_ms_at_epoch as i64)
+        let real_ms = unix_ms.saturating_sub(self.unix_ms_at_epoch as i64);
+        if real_ms < 0 {
+            return real_ms;
+        }
+        self.stalls.map_quietly(real_ms as u64) as i64
     }
 }
 

@@ -193,8 +193,8 @@ $LOAD --target "127.0.0.1:$TW_PORT" soak --keys "$SOAK_KEYS" --duration "$SOAK_D
     --receiver "$RECEIVER" | tee "$OUT/ttlwheel-soak.log" || soak_status=$?
 stop "$TW_PID"
 
-say "ttlwheel: storm, $STORM_KEYS keys expiring in the same second"
-start_ttlwheel --webhook-url "http://$RECEIVER/hook"
+say "ttlwheel: storm, $STORM_KEYS keys expiring in the same second (expiry guard off: it would hold them)"
+start_ttlwheel --webhook-url "http://$RECEIVER/hook" --expiry-guard off
 storm_status=0
 $LOAD --target "127.0.0.1:$TW_PORT" storm --keys "$STORM_KEYS" --receiver "$RECEIVER" \
     | tee "$OUT/ttlwheel-storm.log" || storm_status=$?

@@ -163,6 +163,58 @@ pub struct Config {
     #[arg(long, env = "TTLWHEEL_FSYNC_INTERVAL", default_value = "100ms",
           value_parser = parse_positive_duration)]
     pub fsync_interval: Duration,
+
+    /// The mass-expiry guard (see the README's "Protection against false deaths"): `on` holds
+    /// due keys instead of expiring them when a large share of the fleet would expire at once;
+    /// `off` never trips by itself (an operator can still engage it).
+    #[arg(long, env = "TTLWHEEL_EXPIRY_GUARD", value_enum, default_value = "on")]
+    pub expiry_guard: Switch,
+
+    /// The share of alive keys (0-1, exclusive of 0) whose expiry within a window trips the guard.
+    #[arg(long, env = "TTLWHEEL_EXPIRY_GUARD_THRESHOLD", default_value_t = 0.3,
+          value_parser = parse_share)]
+    pub expiry_guard_threshold: f64,
+
+    /// Fewer expiries than this within a window never trip the guard.
+    #[arg(long, env = "TTLWHEEL_EXPIRY_GUARD_MIN_KEYS", default_value_t = 100)]
+    pub expiry_guard_min_keys: u64,
+
+    /// The window the guard counts expiries over.
+    #[arg(long, env = "TTLWHEEL_EXPIRY_GUARD_WINDOW", default_value = "10s",
+          value_parser = parse_positive_duration)]
+    pub expiry_guard_window: Duration,
+
+    /// The longest the guard holds: then held keys are released by themselves.
+    #[arg(long, env = "TTLWHEEL_EXPIRY_GUARD_MAX_HOLD", default_value = "2m",
+          value_parser = parse_positive_duration)]
+    pub expiry_guard_max_hold: Duration,
+
+    /// Held keys are released (expired) at a rate that empties the hold within this long, so
+    /// webhook receivers are not flooded.
+    #[arg(long, env = "TTLWHEEL_EXPIRY_GUARD_RELEASE_OVER", default_value = "10s",
+          value_parser = parse_positive_duration)]
+    pub expiry_guard_release_over: Duration,
+
+    /// The most keys the registry holds: past it, a heartbeat that would create a key gets 429
+    /// `too_many_keys` (renewals of existing keys go on). See the README's sizing guidance.
+    #[arg(long, env = "TTLWHEEL_MAX_KEYS", default_value_t = 50_000_000,
+          value_parser = clap::value_parser!(u64).range(1..=4_000_000_000))]
+    pub max_keys: u64,
+}
+
+/// An on/off flag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Switch {
+    On,
+    Off,
+}
+
+fn parse_share(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(share) if share > 0.0 && share <= 1.0 => Ok(share),
+        Ok(_) => Err("must be more than 0 and at most 1".into()),
+        Err(error) => Err(error.to_string()),
+    }
 }
 
 /// `--fsync`.
@@ -178,13 +230,17 @@ pub enum FsyncPolicy {
 pub enum WebhookEvent {
     Expired,
     Deleted,
+    /// The mass-expiry guard's `guard.engaged` and `guard.released`.
+    Guard,
 }
 
-impl From<WebhookEvent> for EventKind {
-    fn from(event: WebhookEvent) -> Self {
-        match event {
-            WebhookEvent::Expired => EventKind::Expired,
-            WebhookEvent::Deleted => EventKind::Deleted,
+impl WebhookEvent {
+    /// The event kinds it stands for.
+    pub fn kinds(self) -> &'static [EventKind] {
+        match self {
+            WebhookEvent::Expired => &[EventKind::Expired],
+            WebhookEvent::Deleted => &[EventKind::Deleted],
+            WebhookEvent::Guard => &[EventKind::GuardEngaged, EventKind::GuardReleased],
         }
     }
 }
@@ -240,7 +296,12 @@ fn parse_positive_duration(text: &str) -> Result<Duration, String> {
 impl Config {
     /// The webhook settings these flags imply.
     pub fn webhook_settings(&self) -> Settings {
-        let mut events: Vec<EventKind> = self.webhook_events.iter().map(|&e| e.into()).collect();
+        let mut events: Vec<EventKind> = self
+            .webhook_events
+            .iter()
+            .flat_map(|event| event.kinds().iter().copied())
+            .collect();
+        events.sort_by_key(|kind| kind.type_name());
         events.dedup();
         Settings {
             urls: self.webhook_urls.clone(),

@@ -34,6 +34,12 @@ pub enum EventKind {
     Expired,
     /// A client deleted it (`DELETE`, or an EXPIRE with a non-positive TTL or a past time).
     Deleted,
+    /// The mass-expiry guard engaged: due keys are held. Not about one key: the event's `meta`
+    /// carries its details (state, cause, baseline...), which are its `data`.
+    GuardEngaged,
+    /// The guard's hold ended: held keys are being released (expired at a bounded rate), or
+    /// none are left to release. Details in `meta`, as for `GuardEngaged`.
+    GuardReleased,
 }
 
 /// One expiry or deletion. Times are Unix milliseconds (display time; see `clock`).
@@ -64,6 +70,8 @@ impl EventKind {
             Self::Registered => "registered",
             Self::Expired => "expired",
             Self::Deleted => "deleted",
+            Self::GuardEngaged => "guard.engaged",
+            Self::GuardReleased => "guard.released",
         }
     }
 
@@ -73,7 +81,14 @@ impl EventKind {
             Self::Registered => "key.registered",
             Self::Expired => "key.expired",
             Self::Deleted => "key.deleted",
+            Self::GuardEngaged => "guard.engaged",
+            Self::GuardReleased => "guard.released",
         }
+    }
+
+    /// Whether the event is about the guard rather than a key.
+    pub fn is_guard(self) -> bool {
+        matches!(self, Self::GuardEngaged | Self::GuardReleased)
     }
 }
 
@@ -94,6 +109,15 @@ impl Serialize for EventData<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
         let event = self.0;
+        if event.kind.is_guard() {
+            // As a map (not raw JSON), so the live stream can flatten it beside its `type`.
+            let details: serde_json::Map<String, serde_json::Value> = event
+                .meta
+                .as_ref()
+                .and_then(|details| serde_json::from_str(details.raw().get()).ok())
+                .unwrap_or_default();
+            return details.serialize(serializer);
+        }
         let mut data = serializer.serialize_struct("EventData", 10)?;
         data.serialize_field("key", &event.key)?;
         data.serialize_field("service", &event.service.as_ref().map(|s| s.as_str()))?;
@@ -208,5 +232,45 @@ impl EventBus {
                 .write()
                 .retain(|subscriber| !subscriber.sender.is_closed());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A guard event's `data` is its details as a map, so the live stream can flatten it
+    /// beside its `type` (raw JSON cannot be flattened).
+    #[test]
+    fn a_guard_event_flattens_beside_a_type() {
+        #[derive(Serialize)]
+        struct Flattened<'a> {
+            r#type: &'static str,
+            #[serde(flatten)]
+            data: EventData<'a>,
+        }
+        let details = serde_json::json!({"state": "engaged", "baseline": 7});
+        let event = Event {
+            kind: EventKind::GuardEngaged,
+            key: Key::new("guard").unwrap(),
+            service: None,
+            meta: Meta::from_value(&details).ok(),
+            ttl_ms: None,
+            registered_at_ms: 0,
+            last_heartbeat_at_ms: 0,
+            deadline_ms: None,
+            occurred_at_ms: 0,
+            lateness_ms: 0,
+            restored: false,
+        };
+        let text = serde_json::to_value(Flattened {
+            r#type: event.kind.stream_name(),
+            data: event.data(),
+        })
+        .expect("serializes");
+        assert_eq!(
+            text,
+            serde_json::json!({"type": "guard.engaged", "state": "engaged", "baseline": 7})
+        );
     }
 }

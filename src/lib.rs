@@ -53,6 +53,15 @@ pub fn registry_config(config: &Config) -> RegistryConfig {
         max_ttl_s: config.max_ttl,
         expired_retention_ms: config.expired_retention.as_millis() as u64,
         expired_max: config.expired_max,
+        max_keys: config.max_keys,
+        guard: registry::GuardConfig {
+            enabled: config.expiry_guard == config::Switch::On,
+            threshold: config.expiry_guard_threshold,
+            min_keys: config.expiry_guard_min_keys,
+            window_ms: config.expiry_guard_window.as_millis() as u64,
+            max_hold_ms: config.expiry_guard_max_hold.as_millis() as u64,
+            release_over_ms: config.expiry_guard_release_over.as_millis() as u64,
+        },
         ..RegistryConfig::default()
     }
 }

@@ -151,6 +151,8 @@ impl Metrics {
             EventKind::Deleted => {
                 self.deletions.inc();
             }
+            // Counted from the guard's own state at scrape time.
+            EventKind::GuardEngaged | EventKind::GuardReleased => {}
         }
     }
 
@@ -297,6 +299,31 @@ impl Collector for Live {
             "ttlwheel_sse_events_dropped",
             "Events that dropped event-stream clients had not read.",
             self.hub.dropped_events(),
+        )?;
+        let (engagements, releases, held, engaged) = self.registry.guard_counts();
+        gauge1(
+            &mut encoder,
+            "ttlwheel_guard_engaged",
+            "1 while the mass-expiry guard holds due keys.",
+            f64::from(u8::from(engaged)),
+        )?;
+        gauge1(
+            &mut encoder,
+            "ttlwheel_keys_held",
+            "Due keys the mass-expiry guard holds (not expired, no event yet).",
+            held as f64,
+        )?;
+        counter1(
+            &mut encoder,
+            "ttlwheel_guard_engagements",
+            "Times the mass-expiry guard engaged (by its threshold or an operator).",
+            engagements,
+        )?;
+        counter1(
+            &mut encoder,
+            "ttlwheel_guard_releases",
+            "Times a hold of the mass-expiry guard ended (maximum hold, operator, healed).",
+            releases,
         )?;
         let stalls = self.registry.clock().stalls();
         counter1(

@@ -50,6 +50,18 @@ pub const DEAD_LETTER_RETRY: Route = Route {
     path: "/v1/webhooks/dead-letters/{id}/retry",
     methods: &["POST"],
 };
+pub const GUARD: Route = Route {
+    path: "/v1/guard",
+    methods: &["GET"],
+};
+pub const GUARD_ENGAGE: Route = Route {
+    path: "/v1/guard/engage",
+    methods: &["POST"],
+};
+pub const GUARD_RELEASE: Route = Route {
+    path: "/v1/guard/release",
+    methods: &["POST"],
+};
 pub const EVENTS: Route = Route {
     path: "/v1/events",
     methods: &["GET"],
@@ -82,6 +94,9 @@ pub const ALL: &[Route] = &[
     WEBHOOKS,
     DEAD_LETTERS,
     DEAD_LETTER_RETRY,
+    GUARD,
+    GUARD_ENGAGE,
+    GUARD_RELEASE,
     EVENTS,
     HEALTHZ,
     OPENAPI,

@@ -88,6 +88,31 @@ impl<const ARITY: usize> DeadlineHeap<ARITY> {
         self.debug_check();
     }
 
+    /// How many nodes are due at `now_ms` (deadline at or before it), counting at most `cap`:
+    /// a walk of the due part of the tree only, O(min(due, cap) * ARITY).
+    pub fn count_due(&self, now_ms: u64, cap: usize) -> usize {
+        let mut count = 0;
+        let mut stack = vec![0usize];
+        while let Some(pos) = stack.pop() {
+            if count >= cap {
+                break;
+            }
+            if self
+                .nodes
+                .get(pos)
+                .is_none_or(|node| node.deadline_ms > now_ms)
+            {
+                continue;
+            }
+            count += 1;
+            let first_child = pos * ARITY + 1;
+            stack.extend(
+                (first_child..first_child + ARITY).filter(|&child| child < self.nodes.len()),
+            );
+        }
+        count
+    }
+
     /// Removes `slot`; returns its deadline if it was in the heap.
     pub fn remove(&mut self, slot: SlotId) -> Option<u64> {
         let pos = self.position(slot)?;
@@ -240,6 +265,19 @@ mod tests {
                 }
             }
             assert_eq!(heap.len(), model.len());
+            for (now, cap) in [
+                (0, usize::MAX),
+                (50, usize::MAX),
+                (50, 3),
+                (100, usize::MAX),
+            ] {
+                let due = model.values().filter(|&&d| d <= now).count();
+                assert_eq!(
+                    heap.count_due(now, cap),
+                    due.min(cap),
+                    "due at {now}, cap {cap}"
+                );
+            }
             assert_eq!(heap.peek().map(|(d, _)| d), model.values().copied().min());
             for (&slot, &deadline) in &model {
                 assert_eq!(heap.deadline_of(slot), Some(deadline));

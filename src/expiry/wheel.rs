@@ -39,6 +39,10 @@ pub struct TimingWheel {
     buckets: Box<[Vec<SlotId>]>,
     /// The last tick whose bucket was detached. Ticks up to it are in the sweeper's hands.
     swept_through: Tick,
+    /// `live[tick % n_buckets]`: the elements of that bucket that are their slot's current one
+    /// (the owner says which are not: [`TimingWheel::forget`]). Known before a bucket is swept,
+    /// so the mass-expiry guard can count what is about to expire in O(1).
+    live: Box<[u32]>,
 }
 
 impl TimingWheel {
@@ -49,6 +53,7 @@ impl TimingWheel {
         Self {
             buckets: (0..n_buckets).map(|_| Vec::new()).collect(),
             swept_through: start,
+            live: vec![0; n_buckets].into_boxed_slice(),
         }
     }
 
@@ -83,7 +88,9 @@ impl TimingWheel {
     /// returns its position there.
     pub fn insert(&mut self, tick: Tick, slot: SlotId) -> u32 {
         debug_assert_eq!(self.clamp(tick), tick, "tick {tick} outside the wheel");
-        let bucket = self.bucket_mut(tick);
+        let bucket_idx = self.bucket_idx(tick);
+        self.live[bucket_idx] += 1;
+        let bucket = &mut self.buckets[bucket_idx];
         bucket.push(slot);
         (bucket.len() - 1) as u32
     }
@@ -104,7 +111,31 @@ impl TimingWheel {
     pub fn detach_next(&mut self) -> (Tick, Vec<SlotId>) {
         self.swept_through += 1;
         let tick = self.swept_through;
+        let bucket_idx = self.bucket_idx(tick);
+        self.live[bucket_idx] = 0;
         (tick, std::mem::take(self.bucket_mut(tick)))
+    }
+
+    /// The element of `tick` its owner placed is no longer current (renewed, moved, removed):
+    /// one fewer live element there. Ticks already detached are the sweeper's; nothing to do.
+    pub fn forget(&mut self, tick: Tick) {
+        if self.holds(tick) {
+            let bucket_idx = self.bucket_idx(tick);
+            debug_assert!(
+                self.live[bucket_idx] > 0,
+                "forgot more than was placed at {tick}"
+            );
+            self.live[bucket_idx] -= 1;
+        }
+    }
+
+    /// The live elements of a tick the wheel holds (0 for one it does not).
+    pub fn live_count(&self, tick: Tick) -> u32 {
+        if self.holds(tick) && tick <= self.swept_through.saturating_add(self.n_buckets() as Tick) {
+            self.live[self.bucket_idx(tick)]
+        } else {
+            0
+        }
     }
 
     /// Number of slots in the bucket of `tick` (for tests and debug checks).

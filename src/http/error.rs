@@ -33,12 +33,18 @@ pub enum ApiError {
     BatchTooLarge { max: usize, got: usize },
     #[error("{0}")]
     TooManyServices(String),
+    /// A creation past `--max-keys`.
+    #[error("{0}")]
+    TooManyKeys(String),
     #[error("no such key")]
     KeyNotFound,
     #[error("{0}")]
     DeadLetterNotFound(String),
     #[error("{0}")]
     WebhookQueueFull(String),
+    /// An operator engaged the guard while it releases held keys.
+    #[error("{0}")]
+    GuardReleasing(String),
     /// The message may carry a hint (a key with an unencoded `/`).
     #[error("{0}")]
     RouteNotFound(String),
@@ -71,10 +77,14 @@ impl ApiError {
             | Self::InvalidPath(_)
             | Self::BatchTooLarge { .. } => StatusCode::BAD_REQUEST,
             Self::TooManyServices(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            // A capacity limit, not a malformed request: 429 says "later", as etcd's
+            // ResourceExhausted does over HTTP; keys free up as they expire or are deleted.
+            Self::TooManyKeys(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::KeyNotFound | Self::DeadLetterNotFound(_) | Self::RouteNotFound(_) => {
                 StatusCode::NOT_FOUND
             }
             Self::WebhookQueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::GuardReleasing(_) => StatusCode::CONFLICT,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -94,8 +104,10 @@ impl ApiError {
             Self::InvalidPath(_) => "invalid_path",
             Self::BatchTooLarge { .. } => "batch_too_large",
             Self::TooManyServices(_) => "too_many_services",
+            Self::TooManyKeys(_) => "too_many_keys",
             Self::KeyNotFound | Self::DeadLetterNotFound(_) => "not_found",
             Self::WebhookQueueFull(_) => "webhook_queue_full",
+            Self::GuardReleasing(_) => "guard_releasing",
             Self::RouteNotFound(_) => "route_not_found",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::PayloadTooLarge { .. } => "payload_too_large",
@@ -134,6 +146,7 @@ impl From<RegistryError> for ApiError {
         match error {
             RegistryError::Invalid(invalid) => invalid.into(),
             RegistryError::TooManyServices => Self::TooManyServices(error.to_string()),
+            RegistryError::TooManyKeys { .. } => Self::TooManyKeys(error.to_string()),
             RegistryError::StorageUnavailable => Self::StorageUnavailable(error.to_string()),
         }
     }

@@ -46,7 +46,11 @@ struct Filter {
 }
 
 impl Filter {
+    /// Guard events are about the whole registry: every client gets them.
     fn matches(&self, event: &Event) -> bool {
+        if event.kind.is_guard() {
+            return true;
+        }
         let service_ok = self.service.as_ref().is_none_or(|wanted| {
             event
                 .service

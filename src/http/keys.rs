@@ -34,8 +34,11 @@ pub fn page_limit(limit: Option<usize>) -> Result<usize, ApiError> {
 #[derive(Debug, Default, Deserialize, PartialEq, Eq, Clone, Copy)]
 #[serde(rename_all = "snake_case")]
 enum ListState {
+    /// Alive keys, held ones included.
     #[default]
     Alive,
+    /// Only keys held by the mass-expiry guard.
+    Held,
     Expired,
 }
 
@@ -63,6 +66,9 @@ pub struct AliveKey {
     registered_at: Rfc3339,
     last_heartbeat_at: Rfc3339,
     timer: Option<TimerKind>,
+    /// `alive`, or `held`: due, and held by the mass-expiry guard (not expired, no event; a
+    /// heartbeat renews it as usual).
+    state: &'static str,
 }
 
 impl From<KeyView> for AliveKey {
@@ -77,6 +83,7 @@ impl From<KeyView> for AliveKey {
             registered_at: rfc3339(view.registered_at_ms),
             last_heartbeat_at: rfc3339(view.last_heartbeat_at_ms),
             timer: view.timer,
+            state: if view.held { "held" } else { "alive" },
         }
     }
 }
@@ -138,9 +145,10 @@ pub async fn keys_list(
         service,
         prefix: params.prefix,
         after: params.cursor,
+        held_only: params.state == ListState::Held,
     };
     let (keys, more): (Vec<Listed>, bool) = match params.state {
-        ListState::Alive => {
+        ListState::Alive | ListState::Held => {
             let (page, more) = state.registry.list_alive(&filter, limit, Instant::now());
             (
                 page.into_iter()

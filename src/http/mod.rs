@@ -8,6 +8,7 @@ pub mod dashboard;
 pub mod error;
 pub mod events;
 pub mod extract;
+pub mod guard;
 pub mod health;
 pub mod heartbeats;
 pub mod keys;
@@ -128,6 +129,9 @@ pub fn app(state: AppState) -> Router {
             routes::DEAD_LETTER_RETRY.path,
             post(webhooks::dead_letter_retry),
         )
+        .route(routes::GUARD.path, get(guard::guard_status))
+        .route(routes::GUARD_ENGAGE.path, post(guard::guard_engage))
+        .route(routes::GUARD_RELEASE.path, post(guard::guard_release))
         .route(routes::HEALTHZ.path, get(health::healthz))
         .route(routes::OPENAPI.path, get(health::openapi_yaml))
         .route(routes::EVENTS.path, get(events::events_stream))

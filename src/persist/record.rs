@@ -312,6 +312,8 @@ fn put_message(out: &mut Vec<u8>, message: &WebhookMessage) {
         EventKind::Registered => 0,
         EventKind::Expired => 1,
         EventKind::Deleted => 2,
+        EventKind::GuardEngaged => 3,
+        EventKind::GuardReleased => 4,
     });
     put_text(out, event.key.as_str());
     put_service(out, event.service.as_ref());
@@ -394,6 +396,8 @@ impl<'a> Reader<'a> {
             0 => EventKind::Registered,
             1 => EventKind::Expired,
             2 => EventKind::Deleted,
+            3 => EventKind::GuardEngaged,
+            4 => EventKind::GuardReleased,
             other => return Err(DecodeError::UnknownTag(other)),
         };
         let event = Event {
@@ -517,7 +521,9 @@ mod tests {
         let kind = prop_oneof![
             Just(EventKind::Registered),
             Just(EventKind::Expired),
-            Just(EventKind::Deleted)
+            Just(EventKind::Deleted),
+            Just(EventKind::GuardEngaged),
+            Just(EventKind::GuardReleased)
         ];
         let times = (
             any::<u64>(),

@@ -42,7 +42,7 @@ impl Registry {
             }
             Record::Deleted { key, .. } => {
                 let (hash, shard) = self.shard_of(&key);
-                shard.lock().restore_removal(hash, &key, None);
+                shard.lock().restore_removal(hash, &key, None, &ctx);
             }
             Record::Expired {
                 key,
@@ -51,7 +51,7 @@ impl Registry {
             } => {
                 let (hash, shard) = self.shard_of(&key);
                 let expired = Some((at_unix_ms, last_heartbeat_unix_ms));
-                shard.lock().restore_removal(hash, &key, expired);
+                shard.lock().restore_removal(hash, &key, expired, &ctx);
             }
             Record::ExpiredEntry(ExpiredState {
                 key,

@@ -18,6 +18,8 @@ use crate::types::{Key, Meta};
 pub struct ListFilter {
     pub service: Option<ServiceId>,
     pub prefix: Option<String>,
+    /// Only keys held by the mass-expiry guard.
+    pub held_only: bool,
     /// Only keys strictly after this one (the cursor of the previous page).
     pub after: Option<String>,
 }
@@ -301,6 +303,7 @@ mod tests {
             service: None,
             prefix: prefix.map(String::from),
             after: after.map(String::from),
+            held_only: false,
         };
         assert_eq!(
             keys(&index, &filter(None, None)),

@@ -21,6 +21,8 @@
 //! (exactly one `expired` event either way).
 
 mod durable;
+pub mod guard;
+mod holding;
 mod listing;
 mod ops;
 mod services;
@@ -29,7 +31,7 @@ mod slots;
 mod sweep;
 
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use foldhash::fast::RandomState;
@@ -37,6 +39,8 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+pub use guard::{GuardConfig, GuardError};
+pub use holding::GuardStatus;
 pub use listing::{ExpiredRecord, ListFilter};
 pub use ops::{
     ExpireAt, ExpireCondition, ExpireOutcome, ExpiredView, Heartbeat, HeartbeatOutcome, KeyCounts,
@@ -50,6 +54,7 @@ use crate::events::{EventBus, EventReceiver};
 use crate::expiry::TimerKind;
 use crate::persist::journal::Journal;
 use crate::types::{InvalidInput, Key, ServiceName, MAX_TTL_MS};
+use guard::Guard;
 use services::ServiceTable;
 use shard::{EntryView, Shard};
 use sweep::SweepState;
@@ -74,6 +79,10 @@ pub struct RegistryConfig {
     /// Tests set both to 0 to exercise the eager path.
     pub stale_per_key: usize,
     pub stale_slack: usize,
+    /// The mass-expiry guard (`--expiry-guard*`).
+    pub guard: GuardConfig,
+    /// The most keys indexed at once (`--max-keys`): a creation past it is refused.
+    pub max_keys: u64,
 }
 
 impl Default for RegistryConfig {
@@ -87,6 +96,8 @@ impl Default for RegistryConfig {
             expired_max: 100_000,
             stale_per_key: 4,
             stale_slack: 4096,
+            guard: GuardConfig::default(),
+            max_keys: 50_000_000,
         }
     }
 }
@@ -99,12 +110,37 @@ struct Ctx<'a> {
     events: &'a EventBus,
     /// Where durable changes are logged; `None` in memory-only mode and during recovery.
     journal: Option<&'a Journal>,
+    /// The mass-expiry guard is engaged: due keys are held, not expired.
+    holding: bool,
+    /// Keys indexed in every shard, against `config.max_keys`.
+    keys: &'a AtomicU64,
 }
 
 impl Ctx<'_> {
     /// Whether changes that must be logged are refused now (the log cannot be written).
     fn refuses_durable_writes(&self) -> bool {
         self.journal.is_some_and(Journal::is_failing)
+    }
+
+    /// Takes room for one more key, unless the registry holds `max_keys` already.
+    fn reserve_key(&self) -> Result<(), RegistryError> {
+        let max = self.config.max_keys;
+        self.keys
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .map(drop)
+            .map_err(|_| RegistryError::TooManyKeys { max })
+    }
+
+    /// Takes room for a key that must be indexed whatever the limit (recovery).
+    fn count_key(&self) {
+        self.keys.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A key left the index.
+    fn free_key(&self) {
+        self.keys.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -131,6 +167,12 @@ pub struct Registry {
     /// The heap deadline (epoch ms) the ticker sleeps until; an earlier one wakes it.
     heap_wakeup_ms: AtomicU64,
     wakeup: Notify,
+    /// The mass-expiry guard's state machine; the sweeper and the operator's calls drive it.
+    guard: Mutex<Guard>,
+    /// `guard.holding()`, readable without its lock on every operation.
+    holding: AtomicBool,
+    /// Keys indexed, in every shard (for `--max-keys`; `len` counts under the locks).
+    keys: AtomicU64,
 }
 
 impl Registry {
@@ -146,12 +188,16 @@ impl Registry {
         let services = ServiceTable::default();
         let events = EventBus::default();
         let expired_per_shard = config.expired_max.div_ceil(config.shards);
+        let guard = Mutex::new(Guard::new(config.guard.clone()));
+        let keys = AtomicU64::new(0);
         let ctx = Ctx {
             config: &config,
             clock: &clock,
             services: &services,
             events: &events,
             journal: None,
+            holding: false,
+            keys: &keys,
         };
         let shards = (0..config.shards)
             .map(|_| PaddedShard(Mutex::new(Shard::new(&ctx, hasher, expired_per_shard))))
@@ -168,6 +214,9 @@ impl Registry {
             swept_through: AtomicU32::new(0),
             heap_wakeup_ms: AtomicU64::new(u64::MAX),
             wakeup: Notify::new(),
+            guard,
+            holding: AtomicBool::new(false),
+            keys,
         }
     }
 
@@ -403,6 +452,8 @@ impl Registry {
             services: &self.services,
             events: &self.events,
             journal: self.journal.get().map(|journal| &**journal),
+            holding: self.holding.load(Ordering::Relaxed),
+            keys: &self.keys,
         }
     }
 
@@ -458,6 +509,7 @@ impl Registry {
             registered_at_ms: view.registered_unix_ms,
             last_heartbeat_at_ms: view.last_heartbeat_unix_ms,
             timer: view.timer,
+            held: view.held,
         }
     }
 }

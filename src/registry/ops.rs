@@ -33,7 +33,7 @@ pub struct HeartbeatOutcome {
     pub lsn: u64,
 }
 
-/// A snapshot of an alive key. Times are Unix ms.
+/// A snapshot of an alive (or held) key. Times are Unix ms.
 #[derive(Clone, Debug)]
 pub struct KeyView {
     pub key: Key,
@@ -46,6 +46,8 @@ pub struct KeyView {
     pub registered_at_ms: u64,
     pub last_heartbeat_at_ms: u64,
     pub timer: Option<TimerKind>,
+    /// Due, and held by the mass-expiry guard: not expired, no event yet; a heartbeat renews it.
+    pub held: bool,
 }
 
 /// A recently expired key. Times are Unix ms.
@@ -125,8 +127,14 @@ pub enum ExpireOutcome {
 pub enum RegistryError {
     #[error(transparent)]
     Invalid(#[from] InvalidInput),
-    #[error("too many distinct service names (at most {MAX_SERVICES})")]
+    #[error("too many distinct service names in use (at most {MAX_SERVICES})")]
     TooManyServices,
+    /// A creation past `--max-keys`; renewals of existing keys go on.
+    #[error(
+        "the registry holds its maximum of {max} keys (--max-keys): new keys are refused until \
+         some expire or are deleted; renewals of existing keys go on"
+    )]
+    TooManyKeys { max: u64 },
     /// The change must be logged and the persistence log cannot be written (a full disk):
     /// nothing was changed. Renewals that change nothing durable still work.
     #[error(

@@ -52,7 +52,14 @@ struct TimerRef {
 enum Timer {
     Persistent,
     Heap,
-    Wheel { tick: Tick, pos: u32 },
+    Wheel {
+        tick: Tick,
+        pos: u32,
+    },
+    /// Due, and held by the mass-expiry guard at `pos` of the shard's held list.
+    Held {
+        pos: u32,
+    },
 }
 
 impl TimerRef {
@@ -64,10 +71,19 @@ impl TimerRef {
         tick: Tick::MAX - 1,
         pos: 0,
     };
+    /// The tick of a held key (its `pos` is its place in the held list).
+    const HELD_TICK: Tick = Tick::MAX - 2;
+
+    fn held(pos: u32) -> Self {
+        Self {
+            tick: Self::HELD_TICK,
+            pos,
+        }
+    }
 
     fn wheel(tick: Tick, pos: u32) -> Self {
         debug_assert!(
-            tick < Self::HEAP.tick,
+            tick < Self::HELD_TICK,
             "tick {tick} collides with a sentinel"
         );
         Self { tick, pos }
@@ -77,6 +93,10 @@ impl TimerRef {
         match self {
             Self::PERSISTENT => Timer::Persistent,
             Self::HEAP => Timer::Heap,
+            Self {
+                tick: Self::HELD_TICK,
+                pos,
+            } => Timer::Held { pos },
             Self { tick, pos } => Timer::Wheel { tick, pos },
         }
     }
@@ -167,6 +187,8 @@ pub(super) struct EntryView {
     pub registered_unix_ms: u64,
     pub last_heartbeat_unix_ms: u64,
     pub timer: Option<TimerKind>,
+    /// Due, and held by the mass-expiry guard.
+    pub held: bool,
 }
 
 /// What a heartbeat did, in epoch ms.
@@ -209,6 +231,8 @@ pub(super) struct Shard {
     /// Log records of the operation in progress, appended by [`Shard::flush_events`] (only
     /// built when a journal is attached).
     pending_records: Vec<Record>,
+    /// Keys that are due and held by the mass-expiry guard (`Timer::Held` records the place).
+    held: Vec<SlotId>,
     /// Alive keys in order; `None` when listing is disabled (benchmarks of the bare engine).
     ordered: Option<OrderedIndex>,
     expired: ExpiredLog,
@@ -230,6 +254,7 @@ impl Shard {
             alive_by_service: Vec::new(),
             pending_events: Vec::new(),
             pending_records: Vec::new(),
+            held: Vec::new(),
             ordered: ctx.config.listing.then(OrderedIndex::default),
             expired: ExpiredLog::new(ctx.config.expired_retention_ms, expired_max),
         }
@@ -276,6 +301,9 @@ impl Shard {
         });
         if durable_change && ctx.refuses_durable_writes() {
             return Err(RegistryError::StorageUnavailable);
+        }
+        if found.is_none() {
+            ctx.reserve_key()?;
         }
         self.heartbeats += 1;
         let now_unix_ms = ctx.clock.unix_ms(now_ms);
@@ -469,34 +497,76 @@ impl Shard {
             // consumed element as stale and `n_stale` would grow by one per expiry, for good.
             self.slots.entry_mut(slot).timer = TimerRef::PERSISTENT;
             self.n_wheel -= 1;
-            if deadline_ms <= now_ms {
-                self.remove(slot, EventKind::Expired, ctx, now_ms);
-                n_expired += 1;
-            } else {
+            if deadline_ms > now_ms {
                 // Filed at the horizon because the sweeper was behind (see `TimingWheel::clamp`):
                 // not due yet, so file it again where it belongs.
                 self.schedule(slot, Some(TimerKind::Wheel), deadline_ms);
+            } else if ctx.holding {
+                self.hold(slot);
+            } else {
+                self.remove(slot, EventKind::Expired, ctx, now_ms);
+                n_expired += 1;
             }
         }
         self.expired.prune(ctx.clock.unix_ms(now_ms));
         n_expired
     }
 
-    /// Expires up to `max` heap keys that are due. Returns how many expired and whether more are due.
-    pub fn expire_due_heap(&mut self, max: usize, ctx: &Ctx<'_>, now: Now) -> (usize, bool) {
+    /// Expires (or, while the guard holds, holds) up to `max` heap keys that are due. Returns
+    /// how many it handled, how many of them expired, and whether more are due.
+    pub fn expire_due_heap(&mut self, max: usize, ctx: &Ctx<'_>, now: Now) -> (usize, usize, bool) {
         let now_ms = now.ms;
-        let mut n_expired = 0;
+        let (mut handled, mut n_expired) = (0, 0);
         while let Some((deadline_ms, slot)) = self.heap.peek() {
             if deadline_ms > now_ms {
-                return (n_expired, false);
+                return (handled, n_expired, false);
             }
-            if n_expired == max {
-                return (n_expired, true);
+            if handled == max {
+                return (handled, n_expired, true);
             }
-            self.remove(slot, EventKind::Expired, ctx, now_ms);
-            n_expired += 1;
+            if ctx.holding {
+                self.hold(slot);
+            } else {
+                self.remove(slot, EventKind::Expired, ctx, now_ms);
+                n_expired += 1;
+            }
+            handled += 1;
         }
-        (n_expired, false)
+        (handled, n_expired, false)
+    }
+
+    /// Live keys filed at `tick` (known before it is swept: for the guard).
+    pub fn wheel_live(&self, tick: Tick) -> u32 {
+        self.wheel.live_count(tick)
+    }
+
+    /// Heap keys due at `now_ms`, counting at most `cap`.
+    pub fn heap_due(&self, now_ms: u64, cap: usize) -> usize {
+        self.heap.count_due(now_ms, cap)
+    }
+
+    /// Keys held by the guard.
+    pub fn held_count(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Expires up to `max` held keys (the guard is releasing them). Returns how many.
+    pub fn release_held(&mut self, max: usize, ctx: &Ctx<'_>, now: Now) -> usize {
+        let n = max.min(self.held.len());
+        for _ in 0..n {
+            let slot = *self.held.last().expect("n <= held");
+            self.remove(slot, EventKind::Expired, ctx, now.ms);
+        }
+        n
+    }
+
+    /// Takes a due key out of its timer and holds it (the guard is engaged): no event, no record;
+    /// a heartbeat renews it as usual, a release expires it.
+    fn hold(&mut self, slot: SlotId) {
+        self.unschedule(slot);
+        let pos = self.held.len() as u32;
+        self.held.push(slot);
+        self.slots.entry_mut(slot).timer = TimerRef::held(pos);
     }
 
     /// Appends the log records of the operations since the last flush to the journal, and
@@ -531,7 +601,12 @@ impl Shard {
         ordered
             .scan(filter)
             .filter_map(|key| self.find(self.hasher.hash_one(key.as_str()), key))
-            .filter(|&slot| self.slots.entry(slot).deadline_ms > now_ms)
+            .filter(|&slot| {
+                let entry = self.slots.entry(slot);
+                let held = matches!(entry.timer.get(), Timer::Held { .. });
+                // Held keys always; others only while not due, and not when only held ones are wanted.
+                held || (entry.deadline_ms > now_ms && !filter.held_only)
+            })
             .take(limit)
             .map(|slot| self.view_of(slot))
             .collect()
@@ -603,20 +678,23 @@ impl Shard {
                 entry.last_heartbeat_unix_ms = state.last_heartbeat_unix_ms;
                 slot
             }
-            None => self.insert(
-                hash,
-                Entry {
-                    key: state.key,
-                    meta: state.meta,
-                    deadline_ms,
-                    ttl_ms,
-                    last_heartbeat_unix_ms: state.last_heartbeat_unix_ms,
-                    registered_unix_s,
-                    flags,
-                    service,
-                    timer: TimerRef::PERSISTENT,
-                },
-            ),
+            None => {
+                ctx.count_key();
+                self.insert(
+                    hash,
+                    Entry {
+                        key: state.key,
+                        meta: state.meta,
+                        deadline_ms,
+                        ttl_ms,
+                        last_heartbeat_unix_ms: state.last_heartbeat_unix_ms,
+                        registered_unix_s,
+                        flags,
+                        service,
+                        timer: TimerRef::PERSISTENT,
+                    },
+                )
+            }
         };
         self.schedule(slot, timer, deadline_ms);
         let entry = self.slots.entry_mut(slot);
@@ -627,8 +705,14 @@ impl Shard {
     /// Applies a deletion or an expiry read back from the log: the key leaves the alive keys
     /// silently; an expiry (`expired`: when, and the last heartbeat) puts it on the expired
     /// list with the service and metadata it had.
-    pub fn restore_removal(&mut self, hash: u64, key: &Key, expired: Option<(u64, u64)>) {
-        let entry = self.find(hash, key).map(|slot| self.detach(slot));
+    pub fn restore_removal(
+        &mut self,
+        hash: u64,
+        key: &Key,
+        expired: Option<(u64, u64)>,
+        ctx: &Ctx<'_>,
+    ) {
+        let entry = self.find(hash, key).map(|slot| self.detach(slot, ctx));
         let Some((expired_unix_ms, last_heartbeat_unix_ms)) = expired else {
             return;
         };
@@ -734,6 +818,25 @@ impl Shard {
                         entry.key
                     );
                 }
+                Timer::Held { pos } => {
+                    assert_eq!(
+                        self.held.get(pos as usize),
+                        Some(&slot),
+                        "{}'s place in the held list",
+                        entry.key
+                    );
+                    assert_ne!(
+                        entry.deadline_ms, NO_DEADLINE,
+                        "{} is held without a deadline",
+                        entry.key
+                    );
+                    assert_eq!(
+                        self.heap.deadline_of(slot),
+                        None,
+                        "{} is held but in the heap",
+                        entry.key
+                    );
+                }
                 Timer::Persistent => {
                     assert_eq!(
                         entry.deadline_ms, NO_DEADLINE,
@@ -755,6 +858,35 @@ impl Shard {
             "index entries without a live slot"
         );
         assert_eq!(self.n_wheel, n_wheel, "n_wheel");
+        assert!(
+            self.held.iter().all(|&slot| self
+                .slots
+                .get(slot)
+                .is_some_and(|entry| matches!(entry.timer.get(), Timer::Held { .. }))),
+            "a held-list element whose key is not held"
+        );
+        for tick in self.wheel.held_ticks() {
+            let live = self
+                .wheel
+                .bucket(tick)
+                .iter()
+                .enumerate()
+                .filter(|&(pos, &slot)| {
+                    self.slots.get(slot).is_some_and(|entry| {
+                        entry.timer.get()
+                            == (Timer::Wheel {
+                                tick,
+                                pos: pos as u32,
+                            })
+                    })
+                })
+                .count();
+            assert_eq!(
+                self.wheel.live_count(tick) as usize,
+                live,
+                "live elements of tick {tick}"
+            );
+        }
         assert_eq!(self.heap.len(), n_heap, "heap entries without a heap timer");
         self.heap.check_invariants();
         self.check_stale_count(detached);
@@ -869,15 +1001,21 @@ impl Shard {
             .copied()
     }
 
-    /// The slot of `key` if it is alive at `now_ms`. A key whose deadline has passed is expired
-    /// here and then, so that no read ever sees it, even before the sweeper reaches it.
+    /// The slot of `key` if it is alive at `now_ms`, or held. A key whose deadline has passed is
+    /// expired here and then, so that no read ever sees it, even before the sweeper reaches it;
+    /// held instead while the guard holds.
     fn find_alive(&mut self, hash: u64, key: &Key, ctx: &Ctx<'_>, now_ms: u64) -> Option<SlotId> {
         let slot = self.find(hash, key)?;
-        if self.slots.entry(slot).deadline_ms <= now_ms {
-            self.remove(slot, EventKind::Expired, ctx, now_ms);
-            return None;
+        let entry = self.slots.entry(slot);
+        if entry.deadline_ms > now_ms || matches!(entry.timer.get(), Timer::Held { .. }) {
+            return Some(slot);
         }
-        Some(slot)
+        if ctx.holding {
+            self.hold(slot);
+            return Some(slot);
+        }
+        self.remove(slot, EventKind::Expired, ctx, now_ms);
+        None
     }
 
     fn insert(&mut self, hash: u64, entry: Entry) -> SlotId {
@@ -903,7 +1041,7 @@ impl Shard {
 
     /// Removes the key in `slot` from every structure, and queues its event and log record.
     fn remove(&mut self, slot: SlotId, kind: EventKind, ctx: &Ctx<'_>, now_ms: u64) {
-        let entry = self.detach(slot);
+        let entry = self.detach(slot, ctx);
         let event = event_of(kind, &entry, ctx, now_ms);
         let at_unix_ms = ctx.clock.unix_ms(now_ms);
         if ctx.journal.is_some() {
@@ -913,7 +1051,10 @@ impl Shard {
                     at_unix_ms,
                     last_heartbeat_unix_ms: entry.last_heartbeat_unix_ms,
                 },
-                EventKind::Deleted | EventKind::Registered => Record::Deleted {
+                EventKind::Deleted
+                | EventKind::Registered
+                | EventKind::GuardEngaged
+                | EventKind::GuardReleased => Record::Deleted {
                     key: entry.key.clone(),
                     at_unix_ms,
                 },
@@ -926,7 +1067,8 @@ impl Shard {
     }
 
     /// Takes the key in `slot` out of every structure, silently, and returns its entry.
-    fn detach(&mut self, slot: SlotId) -> Entry {
+    fn detach(&mut self, slot: SlotId, ctx: &Ctx<'_>) -> Entry {
+        ctx.free_key();
         self.unschedule(slot);
         let hash = self.hasher.hash_one(self.slots.entry(slot).key.as_str());
         match self.index.find_entry(hash, |&candidate| candidate == slot) {
@@ -1016,6 +1158,9 @@ impl Shard {
         if matches!(timer, Timer::Wheel { .. }) {
             self.n_wheel -= 1;
         }
+        if let Timer::Wheel { tick, .. } = timer {
+            self.wheel.forget(tick);
+        }
         match timer {
             Timer::Wheel { tick, pos } if self.wheel.holds(tick) && self.too_many_stale() => {
                 if let Some((moved, from)) = self.wheel.remove(tick, pos) {
@@ -1032,6 +1177,12 @@ impl Shard {
             Timer::Wheel { .. } => self.n_stale += 1,
             Timer::Heap => {
                 self.heap.remove(slot);
+            }
+            Timer::Held { pos } => {
+                self.held.swap_remove(pos as usize);
+                if let Some(&moved) = self.held.get(pos as usize) {
+                    self.slots.entry_mut(moved).timer = TimerRef::held(pos);
+                }
             }
             Timer::Persistent => {}
         }
@@ -1081,7 +1232,12 @@ impl Shard {
                 Timer::Persistent => None,
                 Timer::Heap => Some(TimerKind::Heap),
                 Timer::Wheel { .. } => Some(TimerKind::Wheel),
+                Timer::Held { .. } => Some(TimerKind::for_ttl(
+                    entry.ttl_ms,
+                    (self.wheel.n_buckets() - 2) as u32,
+                )),
             },
+            held: matches!(entry.timer.get(), Timer::Held { .. }),
         }
     }
 }

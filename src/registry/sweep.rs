@@ -24,6 +24,8 @@ pub const SWEEP_CHUNK: usize = 1024;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SweepReport {
     pub n_expired: usize,
+    /// Held keys the guard released (expired) in this call; not in `n_expired`.
+    pub n_released: usize,
     /// True when the budget ran out with due keys left: call again (after yielding).
     pub more: bool,
 }
@@ -43,11 +45,20 @@ impl Registry {
     /// [`SweepReport::more`] is set, call again.
     pub fn sweep(&self, now: Instant, budget: usize) -> SweepReport {
         let now = self.clock.at(now);
-        let mut report = SweepReport::default();
-        let mut spent = self.sweep_wheel(now, budget, &mut report);
+        let mut report = SweepReport {
+            n_released: self.guard_step(now, budget),
+            ..SweepReport::default()
+        };
+        let mut spent = report.n_released;
+        if spent >= budget {
+            report.more = true;
+            return report;
+        }
+        spent += self.sweep_wheel(now, budget - spent, &mut report);
         if !report.more {
             spent += self.sweep_heap(now, budget - spent, &mut report);
         }
+        self.guard_saw_expiries(now, report.n_expired);
         debug_assert!(
             spent <= budget + SWEEP_CHUNK,
             "a sweep call stays near its budget"
@@ -59,7 +70,6 @@ impl Registry {
     /// then expires their slots chunk by chunk. Returns the slots handled; sets `report.more`
     /// when the budget ran out first.
     fn sweep_wheel(&self, now: Now, budget: usize, report: &mut SweepReport) -> usize {
-        let ctx = self.ctx();
         let mut state = self.sweep_state.lock();
         let mut spent = 0;
         loop {
@@ -67,6 +77,8 @@ impl Registry {
             if let Some((shard_idx, slots, offset)) = state.pending.last_mut() {
                 let chunk_end = (*offset + SWEEP_CHUNK.min(budget - spent)).min(slots.len());
                 let chunk = &slots[*offset..chunk_end];
+                // Per chunk: the guard may have engaged since the last one.
+                let ctx = self.ctx();
                 let mut shard = self.shards[*shard_idx].0.lock();
                 report.n_expired += shard.expire_detached(tick, chunk, &ctx, now);
                 shard.flush_events(&ctx);
@@ -85,10 +97,19 @@ impl Registry {
                     return spent;
                 }
                 state.tick = next_tick;
+                let (mut n_due, mut alive) = (0, 0);
                 for (shard_idx, shard) in self.shards.iter().enumerate() {
-                    let (tick, slots) = shard.0.lock().detach_next_bucket();
+                    let mut shard = shard.0.lock();
+                    n_due += u64::from(shard.wheel_live(next_tick));
+                    alive += shard.len() as u64;
+                    let (tick, slots) = shard.detach_next_bucket();
                     debug_assert_eq!(tick, next_tick, "shards advance in lockstep");
                     state.pending.push((shard_idx, slots, 0));
+                }
+                // Before any key of the tick expires: is this a mass expiry to hold?
+                if self.guard_may_trip() {
+                    n_due += self.heap_due(now, alive);
+                    self.guard_consider(now, n_due, alive);
                 }
             }
             if spent >= budget {
@@ -101,22 +122,37 @@ impl Registry {
     /// Expires due heap keys, at most `budget` of them, one chunk per shard lock. Returns how
     /// many; sets `report.more` when due keys remain.
     fn sweep_heap(&self, now: Now, budget: usize, report: &mut SweepReport) -> usize {
+        if self.guard_may_trip() {
+            let alive = self.len() as u64;
+            let n_due = self.heap_due(now, alive);
+            self.guard_consider(now, n_due, alive);
+        }
         let ctx = self.ctx();
         let mut spent = 0;
         for shard in self.shards.iter() {
             let max = (budget - spent).min(SWEEP_CHUNK);
             let mut shard = shard.0.lock();
-            let (n_expired, more) = shard.expire_due_heap(max, &ctx, now);
+            let (handled, n_expired, more) = shard.expire_due_heap(max, &ctx, now);
             shard.flush_events(&ctx);
             drop(shard);
             report.n_expired += n_expired;
-            spent += n_expired;
+            spent += handled;
             if more || spent >= budget {
                 report.more = true;
                 break;
             }
         }
         spent
+    }
+
+    /// Heap keys due at `now`, in every shard, counting at most `cap` (one lock at a time).
+    fn heap_due(&self, now: Now, cap: u64) -> u64 {
+        let mut due = 0;
+        for shard in self.shards.iter() {
+            let left = cap.saturating_sub(due) as usize;
+            due += shard.0.lock().heap_due(now.ms, left) as u64;
+        }
+        due
     }
 
     /// When the ticker should next sweep: the next wheel tick or the earliest heap deadline.

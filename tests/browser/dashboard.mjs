@@ -79,6 +79,17 @@ try {
   assert.equal(await page.textContent("#without-service"), "(1 without a service)");
   assert.equal(await page.$eval('#services tr[data-service=""]', (row) => row.cells[1].textContent), "6");
 
+  step("the guard: armed; an operator engages it, the page shows it, its button releases it");
+  await page.waitForFunction(() => document.querySelector("#guard").textContent === "guard armed");
+  const engaged = await fetch(base + "/v1/guard/engage", { method: "POST" });
+  assert.equal(engaged.status, 200, await engaged.text());
+  await page.waitForSelector('#feed li[data-type="guard.engaged"]');
+  await page.waitForFunction(() => document.querySelector("#guard").textContent.startsWith("guard ENGAGED"));
+  await page.click("#guard-release");
+  await page.waitForSelector('#feed li[data-type="guard.released"]');
+  await page.waitForFunction(() => !document.querySelector("#guard").textContent.startsWith("guard ENGAGED"));
+  assert.ok(await page.$eval("#guard-release", (button) => button.hidden), "the button hides");
+
   step("screenshots, light and dark");
   await page.screenshot({ path: `${outDir}/dashboard.png` });
   const lightBackground = await page.evaluate(() => getComputedStyle(document.body).backgroundColor);

@@ -118,6 +118,7 @@ fn an_eager_removal_that_moves_a_stale_element_of_a_freed_slot_loses_nothing() {
         shards: 1,
         stale_per_key: 0,
         stale_slack: 1, // the first stale element is kept, every later removal is eager
+        guard: ttlwheel::registry::GuardConfig::off(),
         ..ttlwheel::registry::RegistryConfig::default()
     });
     harness.heartbeat("a", 10_000); // bucket of 10 s: [a]

@@ -9,6 +9,7 @@ mod durability;
 mod edge;
 mod engine;
 mod exposition;
+mod guard;
 mod layout;
 mod model;
 mod process;
@@ -27,7 +28,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use ttlwheel::clock::Clock;
 use ttlwheel::events::{Event, EventKind, EventReceiver};
-use ttlwheel::registry::{Heartbeat, HeartbeatOutcome, Registry, RegistryConfig};
+use ttlwheel::registry::{GuardConfig, Heartbeat, HeartbeatOutcome, Registry, RegistryConfig};
 use ttlwheel::types::{Key, ServiceName, Ttl};
 
 /// Unix time the test clocks pin their epoch to.
@@ -46,17 +47,21 @@ impl Harness {
         Self::with_config(RegistryConfig {
             max_ttl_s,
             shards: 4,
+            guard: GuardConfig::off(),
             ..RegistryConfig::default()
         })
     }
 
-    /// Every renewal removes its old wheel element at once instead of leaving it stale.
+    /// Every renewal removes its old wheel element at once instead of leaving it stale. (The
+    /// harness tests the expiry mechanics: its mass expiries are meant, so the guard is off;
+    /// `guard.rs` tests the guard.)
     pub fn eager(max_ttl_s: u32) -> Self {
         Self::with_config(RegistryConfig {
             max_ttl_s,
             shards: 4,
             stale_per_key: 0,
             stale_slack: 0,
+            guard: GuardConfig::off(),
             ..RegistryConfig::default()
         })
     }

@@ -310,6 +310,9 @@ fn check_events(
         match event.kind {
             EventKind::Deleted => deleted.push(key),
             EventKind::Registered => registered.push(key),
+            EventKind::GuardEngaged | EventKind::GuardReleased => {
+                panic!("{op:?}: the guard is off in the model")
+            }
             EventKind::Expired => {
                 let due = model
                     .due
@@ -418,6 +421,7 @@ proptest! {
             shards: 1,
             stale_per_key: 0,
             stale_slack,
+            guard: ttlwheel::registry::GuardConfig::off(),
             ..ttlwheel::registry::RegistryConfig::default()
         }));
     }

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use ttlwheel::events::{EventKind, EventReceiver};
-use ttlwheel::registry::{Heartbeat, Registry, RegistryConfig};
+use ttlwheel::registry::{GuardConfig, Heartbeat, Registry, RegistryConfig};
 use ttlwheel::ticker;
 use ttlwheel::types::{ServiceName, Ttl};
 
@@ -56,7 +56,13 @@ async fn jump_the_clock(
     pause: Duration,
     watchdog: bool,
 ) -> (Vec<(String, u64)>, Vec<(String, u64)>) {
-    let registry = Arc::new(Registry::new(RegistryConfig::default(), Instant::now()));
+    // The guard off: this is the stall compensation alone (the guard would also hold the
+    // fleet in the control below).
+    let config = RegistryConfig {
+        guard: GuardConfig::off(),
+        ..RegistryConfig::default()
+    };
+    let registry = Arc::new(Registry::new(config, Instant::now()));
     let mut events = registry.subscribe();
     let (stop, stopped) = watch::channel(false);
     let until_stopped = |mut stopped: watch::Receiver<bool>| async move {
@@ -141,7 +147,9 @@ async fn kill_stop_expires_no_key_that_kept_heartbeating() {
     for pause_s in [2u64, 8] {
         let dir = temp_data_dir(&format!("stall-{pause_s}"));
         let url = receiver.url().to_string();
-        let server = Arc::new(Server::start(&dir, &["--webhook-url", &url]));
+        // The guard off: the stall compensation alone must give 0 false expirations.
+        let args = ["--webhook-url", &url, "--expiry-guard", "off"];
+        let server = Arc::new(Server::start(&dir, &args));
         server.ready().await;
         let before = receiver.requests().len();
         let live = names(&format!("live{pause_s}"), 2_000);

@@ -60,6 +60,31 @@ pub struct Outcome {
     pub heartbeat_errors: u64,
 }
 
+/// A storm is exactly what ttlwheel's mass-expiry guard holds (a million keys expiring at once
+/// looks like a partition): to measure a real storm, the server must run with
+/// `--expiry-guard off`. Checks it, and says so.
+async fn require_guard_off(address: &str) -> Result<(), String> {
+    let mut conn = crate::wire::Conn::connect(address)
+        .await
+        .map_err(|error| format!("cannot connect to {address}: {error}"))?;
+    let request = crate::wire::get(address, "/v1/guard");
+    let response = conn
+        .exchange(&request)
+        .await
+        .map_err(|error| format!("GET /v1/guard: {error}"))?;
+    let status: serde_json::Value = serde_json::from_slice(response.body)
+        .map_err(|error| format!("GET /v1/guard answered {}: {error}", response.status))?;
+    if status["enabled"] != false {
+        return Err(
+            "the server's mass-expiry guard is on, and a storm is exactly what it holds: start \
+             ttlwheel with --expiry-guard off to measure a real storm"
+                .into(),
+        );
+    }
+    eprintln!("storm: the server's expiry guard is off (checked): the storm expires for real");
+    Ok(())
+}
+
 const BASELINE: usize = 0;
 const WAITING: usize = 1;
 const STORM: usize = 2;
@@ -68,6 +93,7 @@ pub async fn run(
     settings: Settings,
     mut arrivals: tokio::sync::mpsc::UnboundedReceiver<Arrival>,
 ) -> Result<Outcome, String> {
+    require_guard_off(&settings.address).await?;
     // Prefixes of this run's own: deliveries left over from an earlier run are not ours.
     let run = fastrand::u32(..);
     let (storm_prefix, live_prefix) = (format!("storm-{run:08x}-"), format!("live-{run:08x}-"));

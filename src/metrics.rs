@@ -300,6 +300,12 @@ impl Collector for Live {
             "Events that dropped event-stream clients had not read.",
             self.hub.dropped_events(),
         )?;
+        gauge1(
+            &mut encoder,
+            "ttlwheel_service_names",
+            "Service names interned (at most 65535 in use; names no key uses are freed when room is needed).",
+            self.registry.service_names() as f64,
+        )?;
         let (engagements, releases, held, engaged) = self.registry.guard_counts();
         gauge1(
             &mut encoder,

@@ -13,12 +13,12 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::{Registry, RegistryError};
+use super::Registry;
 use crate::persist::journal::{Journal, Lsn};
 use crate::persist::record::{ExpiredState, Record};
 use crate::persist::store::{DataDir, StoreError};
 use crate::registry::listing::ExpiredRecord;
-use crate::registry::services::ServiceId;
+use crate::registry::services::{Pin, ServiceId};
 use crate::types::ServiceName;
 
 /// Slots a snapshot reads per shard lock. Reading a slot into a record costs ~100-200 ns, so a
@@ -36,7 +36,7 @@ impl Registry {
         let ctx = self.ctx();
         match record {
             Record::Upsert(state) => {
-                let service = self.service_id_for(state.service.as_ref());
+                let (service, _pin) = self.service_id_for(state.service.as_ref());
                 let (hash, shard) = self.shard_of(&state.key);
                 shard.lock().restore_state(hash, state, service, &ctx, now);
             }
@@ -60,8 +60,9 @@ impl Registry {
                 last_heartbeat_unix_ms,
                 expired_unix_ms,
             }) => {
+                let (service, _pin) = self.service_id_for(service.as_ref());
                 let record = ExpiredRecord {
-                    service: self.service_id_for(service.as_ref()),
+                    service,
                     meta,
                     last_heartbeat_unix_ms,
                     expired_unix_ms,
@@ -126,13 +127,18 @@ impl Registry {
         Ok((lsn, size))
     }
 
-    fn service_id_for(&self, name: Option<&ServiceName>) -> ServiceId {
+    /// The id of a restored key's service, pinned until the key is stored (`NONE`, with a
+    /// warning, if the table is full of names in use).
+    fn service_id_for(&self, name: Option<&ServiceName>) -> (ServiceId, Option<Pin<'_>>) {
         let Some(name) = name else {
-            return ServiceId::NONE;
+            return (ServiceId::NONE, None);
         };
-        self.services.intern(name).unwrap_or_else(|_| {
-            tracing::warn!(service = %name.as_str(), "{}", RegistryError::TooManyServices);
-            ServiceId::NONE
-        })
+        match self.pin_service(name) {
+            Ok((id, pin)) => (id, Some(pin)),
+            Err(error) => {
+                tracing::warn!(service = %name.as_str(), "{error}");
+                (ServiceId::NONE, None)
+            }
+        }
     }
 }

@@ -264,13 +264,13 @@ impl Registry {
         heartbeat: Heartbeat,
         now: Instant,
     ) -> Result<HeartbeatOutcome, RegistryError> {
-        let service = match &heartbeat.service {
-            Some(name) => Some(
-                self.services
-                    .intern(name)
-                    .map_err(|_| RegistryError::TooManyServices)?,
-            ),
-            None => None,
+        // The pin keeps the service's id valid until the key that takes it is stored.
+        let (service, _pin) = match &heartbeat.service {
+            Some(name) => {
+                let (id, pin) = self.pin_service(name)?;
+                (Some(id), Some(pin))
+            }
+            None => (None, None),
         };
         let ttl_ms = heartbeat.ttl.as_millis();
         let now = self.clock.at(now);
@@ -409,6 +409,12 @@ impl Registry {
         (page, more)
     }
 
+    /// Service names interned now (at most `MAX_SERVICES` in use; unused ones are freed when
+    /// room is needed).
+    pub fn service_names(&self) -> usize {
+        self.services.len()
+    }
+
     /// The id of a service name, if it was ever used (a list filter on an unknown service is
     /// simply empty).
     pub fn service_id(&self, name: &ServiceName) -> Option<ServiceId> {
@@ -443,6 +449,29 @@ impl Registry {
                 expired: count(&expired, ServiceId::NONE),
             },
         }
+    }
+
+    /// The id of a service name, interned if new, pinned until the pin is dropped. When the
+    /// table is full, names no key uses any more are freed first.
+    fn pin_service(
+        &self,
+        name: &ServiceName,
+    ) -> Result<(ServiceId, services::Pin<'_>), RegistryError> {
+        self.services
+            .pin(name, || self.services_in_use())
+            .map_err(|_| RegistryError::TooManyServices)
+    }
+
+    /// `in_use[id]`: whether any alive, held or listed-expired key has service `id`.
+    fn services_in_use(&self) -> Vec<bool> {
+        let (mut alive, mut expired) = (Vec::new(), Vec::new());
+        for shard in self.shards.iter() {
+            shard.0.lock().add_counts(&mut alive, &mut expired);
+        }
+        let len = alive.len().max(expired.len());
+        (0..len)
+            .map(|id| alive.get(id).copied().unwrap_or(0) + expired.get(id).copied().unwrap_or(0) > 0)
+            .collect()
     }
 
     fn ctx(&self) -> Ctx<'_> {

@@ -2,6 +2,7 @@
 
 mod api;
 mod binary;
+mod bounds;
 mod browser;
 mod concurrency;
 mod contract;

@@ -470,7 +470,9 @@ impl Registry {
         }
         let len = alive.len().max(expired.len());
         (0..len)
-            .map(|id| alive.get(id).copied().unwrap_or(0) + expired.get(id).copied().unwrap_or(0) > 0)
+            .map(|id| {
+                alive.get(id).copied().unwrap_or(0) + expired.get(id).copied().unwrap_or(0) > 0
+            })
             .collect()
     }
 

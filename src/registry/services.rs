@@ -170,7 +170,10 @@ mod tests {
         assert_eq!(table.len(), MAX_SERVICES);
         // Full, and every name in use: refused.
         let all_in_use = || vec![true; MAX_SERVICES + 1];
-        assert_eq!(table.pin(&name(MAX_SERVICES), all_in_use).err(), Some(ServiceTableFull));
+        assert_eq!(
+            table.pin(&name(MAX_SERVICES), all_in_use).err(),
+            Some(ServiceTableFull)
+        );
         // Only svc-7 (id 8) is still used: the others are freed, the new name takes id 1.
         let only_8 = || (0..=MAX_SERVICES).map(|index| index == 8).collect();
         let (id, _pin) = table.pin(&name(MAX_SERVICES), only_8).unwrap();

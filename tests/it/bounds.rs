@@ -17,7 +17,10 @@ fn try_heartbeat(harness: &Harness, key: &str, service: Option<&str>) -> Result<
         service: service.map(|name| ServiceName::new(name).unwrap()),
         meta: None,
     };
-    harness.registry.heartbeat(heartbeat, harness.now()).map(drop)
+    harness
+        .registry
+        .heartbeat(heartbeat, harness.now())
+        .map(drop)
 }
 
 #[test]
@@ -36,7 +39,10 @@ fn past_max_keys_creations_are_refused_and_renewals_go_on() {
     );
     assert!(!harness.alive("k10"), "nothing was created");
     try_heartbeat(&harness, "k3", None).expect("a renewal goes on");
-    assert!(harness.registry.delete(&key_of("k3"), harness.now()).unwrap());
+    assert!(harness
+        .registry
+        .delete(&key_of("k3"), harness.now())
+        .unwrap());
     try_heartbeat(&harness, "k10", None).expect("room again after a deletion");
     // Expiry frees room too.
     harness.advance(10_000);
@@ -61,7 +67,10 @@ fn service_names_are_freed_when_their_last_key_is_gone() {
     // Keys of the first half are deleted (gone), the next 100 expire (still listed, so their
     // names are still in use), the rest stay alive.
     for n in 0..MAX_SERVICES / 2 {
-        assert!(harness.registry.delete(&key_of(&format!("k{n}")), harness.now()).unwrap());
+        assert!(harness
+            .registry
+            .delete(&key_of(&format!("k{n}")), harness.now())
+            .unwrap());
     }
     harness.stall(5_000);
     for n in MAX_SERVICES / 2..MAX_SERVICES {
@@ -75,7 +84,10 @@ fn service_names_are_freed_when_their_last_key_is_gone() {
     let overview = harness.registry.service_counts();
     let expired_listed = overview.services.iter().filter(|s| s.expired == 1).count();
     assert_eq!(expired_listed, 100, "listed-expired keys keep their names");
-    assert!(overview.services.iter().any(|s| s.service.as_str() == "brand-new"));
+    assert!(overview
+        .services
+        .iter()
+        .any(|s| s.service.as_str() == "brand-new"));
     assert_eq!(
         overview.services.len(),
         MAX_SERVICES - MAX_SERVICES / 2 + 1,
@@ -114,5 +126,8 @@ async fn too_many_keys_is_a_429_json_error_for_singles_and_batch_items() {
         .await;
     assert_eq!(status, StatusCode::OK);
     assert!(body["results"][0]["created"] == false, "{body}");
-    assert_eq!(body["results"][1]["error"]["code"], "too_many_keys", "{body}");
+    assert_eq!(
+        body["results"][1]["error"]["code"], "too_many_keys",
+        "{body}"
+    );
 }

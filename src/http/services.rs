@@ -26,6 +26,8 @@ pub struct ServicesResponse {
     without_service: Counts,
     /// Every key: the services' counts plus `without_service`.
     total: Counts,
+    /// `--max-keys`: past it, creations are refused.
+    max_keys: u64,
 }
 
 pub async fn services_list(Ready(state): Ready) -> Json<ServicesResponse> {
@@ -57,5 +59,6 @@ pub async fn services_list(Ready(state): Ready) -> Json<ServicesResponse> {
             expired: unassigned.expired,
         },
         total,
+        max_keys: state.registry.config().max_keys,
     })
 }

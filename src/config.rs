@@ -200,6 +200,28 @@ pub struct Config {
     #[arg(long, env = "TTLWHEEL_MAX_KEYS", default_value_t = 50_000_000,
           value_parser = clap::value_parser!(u64).range(1..=4_000_000_000))]
     pub max_keys: u64,
+
+    /// Most client connections open at once; past it new ones wait in the kernel's backlog.
+    /// 0: what the open-files limit allows (raised to its hard limit at start) less 256.
+    #[arg(long, env = "TTLWHEEL_MAX_CONNECTIONS", default_value_t = 0)]
+    pub max_connections: usize,
+
+    /// A request head must arrive within this long of when the server starts waiting for one:
+    /// after connecting (slow or half-sent headers) and after each response (idle keep-alive).
+    #[arg(long, env = "TTLWHEEL_HEADER_READ_TIMEOUT", default_value = "30s",
+          value_parser = parse_positive_duration)]
+    pub header_read_timeout: Duration,
+
+    /// A request (its body included) must be answered within this long, or it gets 408
+    /// `request_timeout` (a body sent slowly is cut off). The live stream's events are not
+    /// counted: only the time to its first byte.
+    #[arg(long, env = "TTLWHEEL_REQUEST_TIMEOUT", default_value = "30s",
+          value_parser = parse_positive_duration)]
+    pub request_timeout: Duration,
+
+    /// Most `GET /v1/events` clients at once; past it 429 `too_many_stream_clients`.
+    #[arg(long, env = "TTLWHEEL_MAX_STREAM_CLIENTS", default_value_t = 1_000)]
+    pub max_stream_clients: usize,
 }
 
 /// An on/off flag.

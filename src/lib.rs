@@ -20,6 +20,7 @@
 
 pub mod clock;
 pub mod config;
+pub mod edge;
 pub mod events;
 pub mod expiry;
 pub mod http;
@@ -66,6 +67,26 @@ pub fn registry_config(config: &Config) -> RegistryConfig {
     }
 }
 
+/// The edge limits `config` implies; raises the open-files limit to size the connection cap.
+fn edge_limits(config: &Config) -> edge::EdgeLimits {
+    let open_files = edge::raise_open_files_limit();
+    let max_connections = match config.max_connections {
+        0 => edge::default_max_connections(open_files),
+        max => max,
+    };
+    tracing::info!(
+        open_files,
+        max_connections,
+        header_read_timeout = ?config.header_read_timeout,
+        request_timeout = ?config.request_timeout,
+        "connection capacity"
+    );
+    edge::EdgeLimits {
+        max_connections,
+        header_read_timeout: config.header_read_timeout,
+    }
+}
+
 /// The running service before it serves: registry, ticker, webhooks, stream and metrics, wired
 /// together. [`run`] is `Service::start` then [`Service::serve`]; tests that need a handle on a
 /// part (the metrics, say) call the two themselves.
@@ -85,6 +106,8 @@ pub struct Service {
     recovery_failed: Option<tokio::sync::oneshot::Receiver<String>>,
     /// The task that feeds the stream ring and the event counters.
     observer: tokio::task::JoinHandle<()>,
+    edge_limits: edge::EdgeLimits,
+    edge_stats: Arc<edge::EdgeStats>,
 }
 
 /// Records appended since the last snapshot that make the next one due: the log then holds
@@ -111,10 +134,13 @@ impl Service {
         let notifier = Notifier::start(config.webhook_settings(), registry.subscribe())
             .map_err(|error| std::io::Error::other(error.to_string()))?;
         let hub = Arc::new(EventHub::new(config.events_ring as usize));
+        let edge_limits = edge_limits(config);
+        let edge_stats = Arc::new(edge::EdgeStats::default());
         let metrics = Arc::new(Metrics::new(metrics::Live {
             registry: Arc::clone(&registry),
             notifier: Arc::clone(&notifier),
             hub: Arc::clone(&hub),
+            edge: Arc::clone(&edge_stats),
         }));
         let observer = tokio::spawn(stream::feed(registry.subscribe(), Arc::clone(&hub), {
             let metrics = Arc::clone(&metrics);
@@ -142,6 +168,8 @@ impl Service {
             notifier: Arc::clone(&notifier),
             hub: Arc::clone(&hub),
             metrics: Arc::clone(&metrics),
+            request_timeout: config.request_timeout,
+            max_stream_clients: config.max_stream_clients,
         }));
         Ok(Self {
             app,
@@ -154,6 +182,8 @@ impl Service {
             lifecycle,
             recovery_failed: Some(recovery_failed),
             observer,
+            edge_limits,
+            edge_stats,
         })
     }
 
@@ -172,16 +202,21 @@ impl Service {
     ) -> std::io::Result<()> {
         let closing_hub = Arc::clone(&self.hub);
         let recovery_failed = self.recovery_failed.take().expect("serve runs once");
-        let served = axum::serve(listener, self.app)
-            .with_graceful_shutdown(async move {
+        let served = edge::serve(
+            listener,
+            self.app,
+            self.edge_limits,
+            self.edge_stats,
+            async move {
                 tokio::select! {
                     () = shutdown => {}
                     Ok(_) = recovery_failed => {}
                 }
                 // Event streams never end on their own; end them so in-flight requests can finish.
                 closing_hub.close();
-            })
-            .await;
+            },
+        )
+        .await;
         let _ = self.stop_ticker.send(true);
         let recovered = match self.lifecycle.await {
             Ok(result) => result,

@@ -200,6 +200,7 @@ pub struct Live {
     pub registry: Arc<Registry>,
     pub notifier: Arc<Notifier>,
     pub hub: Arc<EventHub>,
+    pub edge: Arc<crate::edge::EdgeStats>,
 }
 
 /// A gauge without labels.
@@ -330,6 +331,25 @@ impl Collector for Live {
             "ttlwheel_guard_releases",
             "Times a hold of the mass-expiry guard ended (maximum hold, operator, healed).",
             releases,
+        )?;
+        use std::sync::atomic::Ordering::Relaxed;
+        gauge1(
+            &mut encoder,
+            "ttlwheel_http_connections",
+            "Client connections open now.",
+            self.edge.open.load(Relaxed) as f64,
+        )?;
+        counter1(
+            &mut encoder,
+            "ttlwheel_http_connections_accepted",
+            "Client connections accepted since start.",
+            self.edge.accepted.load(Relaxed),
+        )?;
+        counter1(
+            &mut encoder,
+            "ttlwheel_http_connection_cap_reached",
+            "Times the connection cap held accepting back (new connections waited in the backlog).",
+            self.edge.capped.load(Relaxed),
         )?;
         let stalls = self.registry.clock().stalls();
         counter1(

@@ -57,6 +57,12 @@ pub enum ApiError {
     /// The change must be logged and the log cannot be written.
     #[error("{0}")]
     StorageUnavailable(String),
+    /// The request was not answered within `--request-timeout` (a slow body).
+    #[error("the request took longer than {0:?} (--request-timeout): a slow body is cut off")]
+    RequestTimeout(std::time::Duration),
+    /// `--max-stream-clients` streams are open.
+    #[error("{0}")]
+    TooManyStreamClients(String),
     /// The service is still recovering its state from the data directory.
     #[error("the service is recovering its state from disk; try again shortly")]
     Recovering,
@@ -85,6 +91,8 @@ impl ApiError {
             }
             Self::WebhookQueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::GuardReleasing(_) => StatusCode::CONFLICT,
+            Self::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            Self::TooManyStreamClients(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -108,6 +116,8 @@ impl ApiError {
             Self::KeyNotFound | Self::DeadLetterNotFound(_) => "not_found",
             Self::WebhookQueueFull(_) => "webhook_queue_full",
             Self::GuardReleasing(_) => "guard_releasing",
+            Self::RequestTimeout(_) => "request_timeout",
+            Self::TooManyStreamClients(_) => "too_many_stream_clients",
             Self::RouteNotFound(_) => "route_not_found",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::PayloadTooLarge { .. } => "payload_too_large",

@@ -106,6 +106,12 @@ pub async fn events_stream(
         prefix: params.prefix,
     };
     let hub = Arc::clone(&state.hub);
+    if hub.clients() >= state.max_stream_clients {
+        return Err(ApiError::TooManyStreamClients(format!(
+            "{} event-stream clients are connected (--max-stream-clients): try again later",
+            state.max_stream_clients
+        )));
+    }
     let resume_from = headers
         .get("last-event-id")
         .map(|value| value.to_str().ok().and_then(|id| hub.parse_id(id)));

@@ -345,6 +345,7 @@ async fn a_key_that_stops_heartbeating_moves_from_the_alive_list_to_the_expired_
             "services": [{"service": "jobs", "alive": 1, "expired": 1}],
             "without_service": {"alive": 1, "expired": 0},
             "total": {"alive": 2, "expired": 1},
+            "max_keys": 50_000_000,
         })
     );
     // Registering again takes it off the expired list.

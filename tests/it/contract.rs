@@ -101,6 +101,10 @@ fn is_documented(spec: &Value, route: &str, method: &str, status: &str) -> bool 
     if route == ttlwheel::metrics::UNMATCHED_ROUTE {
         return shared("RouteNotFound", "404");
     }
+    // Any route can time out (a slow body): one shared answer, referenced from the info text.
+    if shared("RequestTimeout", "408") {
+        return true;
+    }
     // HEAD is answered by a route's GET handler, without the body.
     let method = if method == "HEAD" {
         "get".to_owned()

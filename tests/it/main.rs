@@ -18,6 +18,7 @@ mod receiver;
 mod restart;
 mod robustness;
 mod server;
+mod slow_clients;
 mod stalls;
 mod stream;
 mod tools;

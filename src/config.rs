@@ -222,6 +222,89 @@ pub struct Config {
     /// Most `GET /v1/events` clients at once; past it 429 `too_many_stream_clients`.
     #[arg(long, env = "TTLWHEEL_MAX_STREAM_CLIENTS", default_value_t = 1_000)]
     pub max_stream_clients: usize,
+
+    /// The token file (JSON; see the README's "Security"): with it every route but the
+    /// dashboard page, the API document and `--auth-public` needs a token with the right scope.
+    /// SIGHUP reloads it. Without it ttlwheel serves only on a loopback address.
+    #[arg(long, env = "TTLWHEEL_AUTH_TOKENS", value_name = "FILE")]
+    pub auth_tokens: Option<std::path::PathBuf>,
+
+    /// Routes left open when tokens are on (comma-separated): `healthz` (probes), `metrics`
+    /// (scrapers); `none` for neither.
+    #[arg(
+        long,
+        env = "TTLWHEEL_AUTH_PUBLIC",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "healthz"
+    )]
+    pub auth_public: Vec<PublicPath>,
+
+    /// Serve without tokens on a non-loopback address (anyone who can reach the port can do
+    /// anything): a warning at start and in `/healthz`.
+    #[arg(long, env = "TTLWHEEL_INSECURE_NO_AUTH")]
+    pub insecure_no_auth: bool,
+
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Subcommands (without one, ttlwheel serves).
+#[derive(Clone, Debug, clap::Subcommand)]
+pub enum Command {
+    /// Token management.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Clone, Debug, clap::Subcommand)]
+pub enum TokenCommand {
+    /// Prints a new token (once: only its hash goes in the file) and the entry to add to the
+    /// token file.
+    New {
+        /// The token's id: 1-64 of [A-Za-z0-9-].
+        #[arg(long)]
+        id: String,
+        /// `admin`, `read`, `heartbeat`, optionally narrowed: `read:prefix=checkout/`,
+        /// `heartbeat:prefix=checkout/,service=checkout`. Repeat for several.
+        #[arg(long = "scope", required = true, value_parser = crate::auth::parse_scope)]
+        scopes: Vec<crate::auth::Scope>,
+        #[arg(long, default_value = "")]
+        description: String,
+    },
+}
+
+/// A route `--auth-public` can leave open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PublicPath {
+    Healthz,
+    Metrics,
+    None,
+}
+
+impl Config {
+    /// The secure-by-default rule: without tokens, only a loopback address (unless
+    /// `--insecure-no-auth`). The error says how to add tokens.
+    pub fn check_secure_start(&self) -> Result<(), String> {
+        if self.auth_tokens.is_some() || self.listen.ip().is_loopback() {
+            return Ok(());
+        }
+        if self.insecure_no_auth {
+            tracing::warn!(
+                listen = %self.listen,
+                "serving WITHOUT authentication on a non-loopback address (--insecure-no-auth): \
+                 anyone who can reach it can register, delete and re-time any key"
+            );
+            return Ok(());
+        }
+        Err(format!(
+            "refusing to listen on {} without authentication: anyone who could reach it could \
+             register, delete or re-time any key. Create tokens (`ttlwheel token new --id ops \
+             --scope admin`, add the printed entry to a file as {{\"tokens\": [...]}}) and pass \
+             --auth-tokens FILE; or listen on 127.0.0.1; or, knowingly, --insecure-no-auth",
+            self.listen
+        ))
+    }
 }
 
 /// An on/off flag.

@@ -78,9 +78,7 @@ pub fn raise_open_files_limit() -> u64 {
 /// The default connection cap for an open-files limit: the limit less what the rest of the
 /// process needs, at least 64, at most 1,000,000.
 pub fn default_max_connections(open_files: u64) -> usize {
-    open_files
-        .saturating_sub(RESERVED_FDS)
-        .clamp(64, 1_000_000) as usize
+    open_files.saturating_sub(RESERVED_FDS).clamp(64, 1_000_000) as usize
 }
 
 /// Serves `app` on `listener` until `shutdown` resolves, then stops accepting and returns once

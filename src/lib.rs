@@ -18,6 +18,7 @@
 //!
 //! See `ARCHITECTURE.md` for the map and the invariants.
 
+pub mod auth;
 pub mod clock;
 pub mod config;
 pub mod edge;
@@ -108,6 +109,8 @@ pub struct Service {
     observer: tokio::task::JoinHandle<()>,
     edge_limits: edge::EdgeLimits,
     edge_stats: Arc<edge::EdgeStats>,
+    /// Tokens, reloaded on SIGHUP; `None`: auth is off.
+    auth: Option<Arc<auth::Auth>>,
 }
 
 /// Records appended since the last snapshot that make the next one due: the log then holds
@@ -134,6 +137,16 @@ impl Service {
         let notifier = Notifier::start(config.webhook_settings(), registry.subscribe())
             .map_err(|error| std::io::Error::other(error.to_string()))?;
         let hub = Arc::new(EventHub::new(config.events_ring as usize));
+        let auth = match &config.auth_tokens {
+            Some(path) => {
+                let auth = auth::Auth::load(path).map_err(|error| {
+                    std::io::Error::new(std::io::ErrorKind::InvalidInput, error.to_string())
+                })?;
+                tracing::info!(tokens = auth.tokens().len(), file = %path.display(), "auth on: tokens loaded");
+                Some(Arc::new(auth))
+            }
+            None => None,
+        };
         let edge_limits = edge_limits(config);
         let edge_stats = Arc::new(edge::EdgeStats::default());
         let metrics = Arc::new(Metrics::new(metrics::Live {
@@ -170,6 +183,15 @@ impl Service {
             metrics: Arc::clone(&metrics),
             request_timeout: config.request_timeout,
             max_stream_clients: config.max_stream_clients,
+            auth: http::auth::AuthState {
+                auth: auth.clone(),
+                public: auth::policy::PublicPaths {
+                    healthz: config.auth_public.contains(&config::PublicPath::Healthz),
+                    metrics: config.auth_public.contains(&config::PublicPath::Metrics),
+                },
+                secure_cookies: false,
+                insecure: auth.is_none() && !config.listen.ip().is_loopback(),
+            },
         }));
         Ok(Self {
             app,
@@ -184,6 +206,7 @@ impl Service {
             observer,
             edge_limits,
             edge_stats,
+            auth,
         })
     }
 
@@ -202,6 +225,7 @@ impl Service {
     ) -> std::io::Result<()> {
         let closing_hub = Arc::clone(&self.hub);
         let recovery_failed = self.recovery_failed.take().expect("serve runs once");
+        let reloader = tokio::spawn(reload_on_hangup(self.auth.clone()));
         let served = edge::serve(
             listener,
             self.app,
@@ -217,6 +241,7 @@ impl Service {
             },
         )
         .await;
+        reloader.abort();
         let _ = self.stop_ticker.send(true);
         let recovered = match self.lifecycle.await {
             Ok(result) => result,
@@ -232,6 +257,31 @@ impl Service {
         }
         served
     }
+}
+
+/// Reloads what can change without a restart (the token file) on every SIGHUP; a file that
+/// cannot be read or is invalid leaves the old tokens in force, with an error in the log.
+async fn reload_on_hangup(auth: Option<Arc<auth::Auth>>) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+            tracing::warn!("cannot listen for SIGHUP: reloading needs a restart");
+            return;
+        };
+        while hangups.recv().await.is_some() {
+            if let Some(auth) = &auth {
+                match auth.reload() {
+                    Ok(tokens) => tracing::info!(tokens, "SIGHUP: the token file was reloaded"),
+                    Err(error) => {
+                        tracing::error!(%error, "SIGHUP: the token file cannot be used; the old tokens stay in force")
+                    }
+                }
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = auth;
 }
 
 /// What the lifecycle task needs.

@@ -6,11 +6,22 @@ use anyhow::Context;
 use clap::Parser;
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
-use ttlwheel::config::{Config, LogFormat};
+use ttlwheel::config::{Command, Config, LogFormat, TokenCommand};
 
 fn main() -> anyhow::Result<()> {
     let config = Config::parse();
     init_tracing(config.log_format);
+    if let Some(Command::Token(TokenCommand::New {
+        id,
+        scopes,
+        description,
+    })) = &config.command
+    {
+        return print_new_token(id, scopes, description);
+    }
+    config
+        .check_secure_start()
+        .map_err(|refusal| anyhow::anyhow!(refusal))?;
     let mut runtime = match config.threads {
         1 => tokio::runtime::Builder::new_current_thread(),
         0 => tokio::runtime::Builder::new_multi_thread(),
@@ -37,6 +48,20 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         .await
         .context("ttlwheel cannot go on")?;
     tracing::info!("ttlwheel stopped");
+    Ok(())
+}
+
+/// `ttlwheel token new`: the token, shown once, and the entry for the token file.
+fn print_new_token(
+    id: &str,
+    scopes: &[ttlwheel::auth::Scope],
+    description: &str,
+) -> anyhow::Result<()> {
+    let (token, entry) = ttlwheel::auth::new_token(id, description, scopes)
+        .map_err(|error| anyhow::anyhow!(error))?;
+    println!("token (shown once; only its hash goes in the file): {token}");
+    println!("add to the \"tokens\" list of the --auth-tokens file, then send SIGHUP to reload:");
+    println!("{entry}");
     Ok(())
 }
 

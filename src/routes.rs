@@ -62,6 +62,10 @@ pub const GUARD_RELEASE: Route = Route {
     path: "/v1/guard/release",
     methods: &["POST"],
 };
+pub const SESSION: Route = Route {
+    path: "/v1/session",
+    methods: &["POST", "DELETE"],
+};
 pub const EVENTS: Route = Route {
     path: "/v1/events",
     methods: &["GET"],
@@ -97,6 +101,7 @@ pub const ALL: &[Route] = &[
     GUARD,
     GUARD_ENGAGE,
     GUARD_RELEASE,
+    SESSION,
     EVENTS,
     HEALTHZ,
     OPENAPI,

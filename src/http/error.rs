@@ -63,6 +63,15 @@ pub enum ApiError {
     /// `--max-stream-clients` streams are open.
     #[error("{0}")]
     TooManyStreamClients(String),
+    /// No valid token came (none, unknown, or a wrong secret).
+    #[error(
+        "a valid token is needed: send `Authorization: Bearer ttlw_<id>_<secret>` (the dashboard \
+         trades one for a session cookie)"
+    )]
+    Unauthorized,
+    /// The token lacks the scope; the message names it.
+    #[error("{0}")]
+    Forbidden(String),
     /// The service is still recovering its state from the data directory.
     #[error("the service is recovering its state from disk; try again shortly")]
     Recovering,
@@ -91,6 +100,8 @@ impl ApiError {
             }
             Self::WebhookQueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::GuardReleasing(_) => StatusCode::CONFLICT,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::TooManyStreamClients(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -116,6 +127,8 @@ impl ApiError {
             Self::KeyNotFound | Self::DeadLetterNotFound(_) => "not_found",
             Self::WebhookQueueFull(_) => "webhook_queue_full",
             Self::GuardReleasing(_) => "guard_releasing",
+            Self::Unauthorized => "unauthorized",
+            Self::Forbidden(_) => "forbidden",
             Self::RequestTimeout(_) => "request_timeout",
             Self::TooManyStreamClients(_) => "too_many_stream_clients",
             Self::RouteNotFound(_) => "route_not_found",
@@ -167,6 +180,13 @@ impl IntoResponse for ApiError {
         if let Self::Internal(detail) = &self {
             tracing::error!(%detail, "internal error");
         }
-        (self.status(), Json(self.body())).into_response()
+        let mut response = (self.status(), Json(self.body())).into_response();
+        if let Self::Unauthorized = self {
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer realm=\"ttlwheel\""),
+            );
+        }
+        response
     }
 }

@@ -94,9 +94,11 @@ struct Client {
 
 pub async fn events_stream(
     State(state): State<AppState>,
+    caller: super::auth::Caller,
     headers: HeaderMap,
     QueryParams(params): QueryParams<StreamParams>,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+    caller.check_list(params.prefix.as_deref(), params.service.as_deref())?;
     let filter = Filter {
         service: params
             .service

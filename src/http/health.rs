@@ -39,6 +39,9 @@ pub async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
     if let Some(stalls) = stalls_json(state.registry.clock()) {
         body["stalls"] = stalls;
     }
+    if state.auth.insecure {
+        body["insecure_no_auth"] = json!(true);
+    }
     (status, Json(body))
 }
 

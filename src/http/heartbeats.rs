@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use tokio::time::Instant;
 
+use super::auth::Caller;
 use super::error::ApiError;
 use super::extract::{parse_json, JsonBytes, QueryParams, Ready, BATCH_BODY_LIMIT, BODY_LIMIT};
 use super::{rfc3339, AppState, Rfc3339};
@@ -43,10 +44,11 @@ pub struct HeartbeatResponse {
 
 pub async fn heartbeats_post(
     Ready(state): Ready,
+    caller: Caller,
     JsonBytes(body): JsonBytes<BODY_LIMIT>,
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
     let body: HeartbeatBody<'_> = parse_json(&body)?;
-    let (key, outcome) = apply(&state, body, Instant::now())?;
+    let (key, outcome) = apply(&state, &caller, body, Instant::now())?;
     state.durable(Some(outcome.lsn)).await?;
     Ok(Json(respond(key, outcome)))
 }
@@ -104,6 +106,7 @@ struct BatchError {
 
 pub async fn heartbeats_batch(
     Ready(state): Ready,
+    caller: Caller,
     QueryParams(query): QueryParams<BatchQuery>,
     JsonBytes(body): JsonBytes<BATCH_BODY_LIMIT>,
 ) -> Result<Response, ApiError> {
@@ -120,7 +123,7 @@ pub async fn heartbeats_batch(
         .into_iter()
         .map(|item| {
             parse_json::<HeartbeatBody<'_>>(item.get().as_bytes())
-                .and_then(|body| apply(&state, body, now))
+                .and_then(|body| apply(&state, &caller, body, now))
         })
         .collect();
     // One wait for the whole batch: its last record's sync covers every earlier one.
@@ -162,9 +165,11 @@ pub async fn heartbeats_batch(
     })
 }
 
-/// Validates one heartbeat and hands it to the registry; returns the key and what happened.
+/// Validates one heartbeat, checks the caller may send it (a batch item outside the token's
+/// scope gets its own 403), and hands it to the registry; returns the key and what happened.
 fn apply(
     state: &AppState,
+    caller: &Caller,
     body: HeartbeatBody<'_>,
     now: Instant,
 ) -> Result<(Key, HeartbeatOutcome), ApiError> {
@@ -180,6 +185,7 @@ fn apply(
         (None, None) => state.default_ttl,
     };
     let service = body.service.as_deref().map(ServiceName::new).transpose()?;
+    caller.check_heartbeat(key.as_str(), service.as_ref().map(ServiceName::as_str))?;
     let meta = body.meta.as_ref().map(Meta::from_value).transpose()?;
     let heartbeat = Heartbeat {
         key,

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use tokio::time::Instant;
 
+use super::auth::Caller;
 use super::error::ApiError;
 use super::extract::{parse_json, JsonBytes, KeyPath, QueryParams, Ready, BODY_LIMIT};
 use super::{rfc3339, Rfc3339};
@@ -125,8 +126,10 @@ pub struct ListResponse {
 
 pub async fn keys_list(
     Ready(state): Ready,
+    caller: Caller,
     QueryParams(params): QueryParams<ListParams>,
 ) -> Result<Json<ListResponse>, ApiError> {
+    caller.check_list(params.prefix.as_deref(), params.service.as_deref())?;
     let limit = page_limit(params.limit)?;
     let service = match params.service.as_deref() {
         None => None,
@@ -180,19 +183,40 @@ pub async fn keys_list(
 
 pub async fn keys_get(
     Ready(state): Ready,
+    caller: Caller,
     KeyPath(key): KeyPath,
 ) -> Result<Json<AliveKey>, ApiError> {
-    let view = state
-        .registry
-        .get(&key, Instant::now())
-        .ok_or(ApiError::KeyNotFound)?;
-    Ok(Json(view.into()))
+    let view = state.registry.get(&key, Instant::now());
+    caller.check_read(key.as_str(), service_of(view.as_ref()))?;
+    Ok(Json(view.ok_or(ApiError::KeyNotFound)?.into()))
+}
+
+/// The service of a key's view, for scope checks (`None`: missing, or without one).
+fn service_of(view: Option<&KeyView>) -> Option<&str> {
+    view.and_then(|view| view.service.as_ref().map(ServiceName::as_str))
+}
+
+/// The caller's right to `key`, checked against the key's current service (a lookup only when
+/// a token is in play).
+fn check_key(
+    state: &super::AppState,
+    caller: &Caller,
+    key: &Key,
+    check: impl Fn(&Caller, &str, Option<&str>) -> Result<(), ApiError>,
+) -> Result<(), ApiError> {
+    if caller.0.is_none() {
+        return Ok(());
+    }
+    let view = state.registry.get(key, Instant::now());
+    check(caller, key.as_str(), service_of(view.as_ref()))
 }
 
 pub async fn keys_delete(
     Ready(state): Ready,
+    caller: Caller,
     KeyPath(key): KeyPath,
 ) -> Result<StatusCode, ApiError> {
+    check_key(&state, &caller, &key, Caller::check_delete)?;
     if state.registry.delete(&key, Instant::now())? {
         state.durable(None).await?;
         Ok(StatusCode::NO_CONTENT)
@@ -209,8 +233,10 @@ pub struct TtlResponse {
 
 pub async fn ttl_get(
     Ready(state): Ready,
+    caller: Caller,
     KeyPath(key): KeyPath,
 ) -> Result<Json<TtlResponse>, ApiError> {
+    check_key(&state, &caller, &key, Caller::check_read)?;
     match state.registry.state(&key, Instant::now()) {
         KeyState::Missing => Err(ApiError::KeyNotFound),
         KeyState::Persistent => Ok(Json(TtlResponse { ttl_ms: -1 })),

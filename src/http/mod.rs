@@ -4,6 +4,7 @@
 //! resource has its own file; every error is an [`error::ApiError`]. Handlers never hold a
 //! registry lock across an `.await`: each registry call is synchronous and short.
 
+pub mod auth;
 pub mod dashboard;
 pub mod error;
 pub mod events;
@@ -105,6 +106,8 @@ pub struct Shared {
     pub request_timeout: std::time::Duration,
     /// `--max-stream-clients`.
     pub max_stream_clients: usize,
+    /// Tokens and sessions (auth is off without `--auth-tokens`).
+    pub auth: auth::AuthState,
 }
 
 /// The API router.
@@ -136,6 +139,10 @@ pub fn app(state: AppState) -> Router {
         .route(routes::GUARD.path, get(guard::guard_status))
         .route(routes::GUARD_ENGAGE.path, post(guard::guard_engage))
         .route(routes::GUARD_RELEASE.path, post(guard::guard_release))
+        .route(
+            routes::SESSION.path,
+            post(auth::session_create).delete(auth::session_end),
+        )
         .route(routes::HEALTHZ.path, get(health::healthz))
         .route(routes::OPENAPI.path, get(health::openapi_yaml))
         .route(routes::EVENTS.path, get(events::events_stream))
@@ -143,6 +150,10 @@ pub fn app(state: AppState) -> Router {
         .route(routes::DASHBOARD.path, get(dashboard::dashboard))
         .fallback(route_not_found)
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .layer(axum::middleware::from_fn_with_state(
+            state.auth.clone(),
+            auth::authenticate,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.request_timeout,
             answer_within,
@@ -165,9 +176,10 @@ async fn answer_within(
         Err(_) => {
             let mut response = ApiError::RequestTimeout(limit).into_response();
             // The rest of the body will not be read: the connection cannot be reused.
-            response
-                .headers_mut()
-                .insert(axum::http::header::CONNECTION, "close".parse().expect("a valid value"));
+            response.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                "close".parse().expect("a valid value"),
+            );
             response
         }
     }

@@ -56,3 +56,50 @@ async fn the_dashboard_shows_keys_appearing_counting_down_and_expiring() {
     }
     server.shutdown().await.expect("clean shutdown");
 }
+
+/// With tokens on: the page asks for a token, and a read token's session carries the lists and
+/// the live stream (`tests/browser/dashboard-auth.mjs`).
+#[tokio::test]
+#[ignore = "needs chromium, node and playwright-core: .ci/run installs them"]
+async fn the_dashboard_signs_in_with_a_token_and_streams_through_its_session() {
+    tools::require(&[Tool::Chromium, Tool::Node, Tool::BrowserPackages]);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut tokens = Vec::new();
+    let mut entries = Vec::new();
+    for (id, scope) in [("viewer", "read"), ("writer", "heartbeat")] {
+        let scope = ttlwheel::auth::parse_scope(scope).unwrap();
+        let (token, entry) = ttlwheel::auth::new_token(id, id, &[scope]).unwrap();
+        tokens.push(token);
+        entries.push(entry);
+    }
+    let file = std::env::temp_dir().join(format!(
+        "ttlwheel-browser-tokens-{}.json",
+        std::process::id()
+    ));
+    std::fs::write(&file, serde_json::json!({ "tokens": entries }).to_string()).unwrap();
+    let mut config = ttlwheel::config::Config::ephemeral();
+    config.auth_tokens = Some(file.clone());
+    let server = TestServer::with_config(config).await;
+    let script = root.join("tests/browser/dashboard-auth.mjs");
+    let (base, chromium) = (server.base.clone(), tools::chromium());
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new("node")
+            .arg(script)
+            .arg(base)
+            .args(&tokens)
+            .env("CHROMIUM", chromium)
+            .output()
+            .expect("node runs")
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "the browser scenario failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("ok: dashboard with auth works"), "{stdout}");
+    server.shutdown().await.expect("clean shutdown");
+    let _ = std::fs::remove_file(file);
+}

@@ -1,6 +1,7 @@
 //! One integration-test binary (one link step for every suite).
 
 mod api;
+mod auth;
 mod binary;
 mod bounds;
 mod browser;

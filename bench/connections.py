@@ -14,7 +14,8 @@ import time
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
 WAVES = int(sys.argv[2]) if len(sys.argv) > 2 else 4
-BINARY = "target/release/ttlwheel"
+import os
+BINARY = os.environ.get("TTLWHEEL", "target/release/ttlwheel")
 
 
 def rss(pid):

@@ -240,6 +240,39 @@ pub struct Config {
     )]
     pub auth_public: Vec<PublicPath>,
 
+    /// A PEM certificate chain: serve HTTPS (with `--tls-key`). Reloaded on SIGHUP and when
+    /// the file changes.
+    #[arg(
+        long,
+        env = "TTLWHEEL_TLS_CERT",
+        value_name = "PEM",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<std::path::PathBuf>,
+
+    /// The PEM private key of `--tls-cert`.
+    #[arg(
+        long,
+        env = "TTLWHEEL_TLS_KEY",
+        value_name = "PEM",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<std::path::PathBuf>,
+
+    /// PEM CA certificates: clients must present a certificate one of them signed (mTLS).
+    #[arg(
+        long,
+        env = "TTLWHEEL_TLS_CLIENT_CA",
+        value_name = "PEM",
+        requires = "tls_cert"
+    )]
+    pub tls_client_ca: Option<std::path::PathBuf>,
+
+    /// A TLS handshake must finish within this long.
+    #[arg(long, env = "TTLWHEEL_TLS_HANDSHAKE_TIMEOUT", default_value = "10s",
+          value_parser = parse_positive_duration)]
+    pub tls_handshake_timeout: Duration,
+
     /// Serve without tokens on a non-loopback address (anyone who can reach the port can do
     /// anything): a warning at start and in `/healthz`.
     #[arg(long, env = "TTLWHEEL_INSECURE_NO_AUTH")]

@@ -85,6 +85,7 @@ fn edge_limits(config: &Config) -> edge::EdgeLimits {
     edge::EdgeLimits {
         max_connections,
         header_read_timeout: config.header_read_timeout,
+        tls_handshake_timeout: config.tls_handshake_timeout,
     }
 }
 
@@ -111,6 +112,8 @@ pub struct Service {
     edge_stats: Arc<edge::EdgeStats>,
     /// Tokens, reloaded on SIGHUP; `None`: auth is off.
     auth: Option<Arc<auth::Auth>>,
+    /// HTTPS, reloaded on SIGHUP and when its files change; `None`: plain HTTP.
+    tls: Option<Arc<edge::tls::Tls>>,
 }
 
 /// Records appended since the last snapshot that make the next one due: the log then holds
@@ -146,6 +149,21 @@ impl Service {
                 Some(Arc::new(auth))
             }
             None => None,
+        };
+        let tls = match (&config.tls_cert, &config.tls_key) {
+            (Some(cert), Some(key)) => {
+                let files = edge::tls::TlsFiles {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    client_ca: config.tls_client_ca.clone(),
+                };
+                let tls = edge::tls::Tls::load(files).map_err(|error| {
+                    std::io::Error::new(std::io::ErrorKind::InvalidInput, error)
+                })?;
+                tracing::info!(mtls = config.tls_client_ca.is_some(), "serving HTTPS");
+                Some(Arc::new(tls))
+            }
+            _ => None,
         };
         let edge_limits = edge_limits(config);
         let edge_stats = Arc::new(edge::EdgeStats::default());
@@ -189,7 +207,7 @@ impl Service {
                     healthz: config.auth_public.contains(&config::PublicPath::Healthz),
                     metrics: config.auth_public.contains(&config::PublicPath::Metrics),
                 },
-                secure_cookies: false,
+                secure_cookies: tls.is_some(),
                 insecure: auth.is_none() && !config.listen.ip().is_loopback(),
             },
         }));
@@ -207,6 +225,7 @@ impl Service {
             edge_limits,
             edge_stats,
             auth,
+            tls,
         })
     }
 
@@ -225,12 +244,14 @@ impl Service {
     ) -> std::io::Result<()> {
         let closing_hub = Arc::clone(&self.hub);
         let recovery_failed = self.recovery_failed.take().expect("serve runs once");
-        let reloader = tokio::spawn(reload_on_hangup(self.auth.clone()));
+        let reloader = tokio::spawn(reload_on_hangup(self.auth.clone(), self.tls.clone()));
+        let tls_watcher = self.tls.clone().map(|tls| tokio::spawn(tls.watch_files()));
         let served = edge::serve(
             listener,
             self.app,
             self.edge_limits,
             self.edge_stats,
+            self.tls.clone(),
             async move {
                 tokio::select! {
                     () = shutdown => {}
@@ -242,6 +263,9 @@ impl Service {
         )
         .await;
         reloader.abort();
+        if let Some(watcher) = tls_watcher {
+            watcher.abort();
+        }
         let _ = self.stop_ticker.send(true);
         let recovered = match self.lifecycle.await {
             Ok(result) => result,
@@ -259,9 +283,9 @@ impl Service {
     }
 }
 
-/// Reloads what can change without a restart (the token file) on every SIGHUP; a file that
-/// cannot be read or is invalid leaves the old tokens in force, with an error in the log.
-async fn reload_on_hangup(auth: Option<Arc<auth::Auth>>) {
+/// Reloads what can change without a restart (the token file, the TLS files) on every SIGHUP;
+/// a file that cannot be read or is invalid leaves the old one in force, with an error logged.
+async fn reload_on_hangup(auth: Option<Arc<auth::Auth>>, tls: Option<Arc<edge::tls::Tls>>) {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
@@ -270,6 +294,16 @@ async fn reload_on_hangup(auth: Option<Arc<auth::Auth>>) {
             return;
         };
         while hangups.recv().await.is_some() {
+            if let Some(tls) = &tls {
+                match tls.reload() {
+                    Ok(()) => tracing::info!(
+                        "SIGHUP: the TLS certificate was reloaded for new connections"
+                    ),
+                    Err(error) => {
+                        tracing::error!(%error, "SIGHUP: the TLS files cannot be used; the old certificate stays")
+                    }
+                }
+            }
             if let Some(auth) = &auth {
                 match auth.reload() {
                     Ok(tokens) => tracing::info!(tokens, "SIGHUP: the token file was reloaded"),
@@ -281,7 +315,7 @@ async fn reload_on_hangup(auth: Option<Arc<auth::Auth>>) {
         }
     }
     #[cfg(not(unix))]
-    let _ = auth;
+    let _ = (auth, tls);
 }
 
 /// What the lifecycle task needs.

@@ -22,6 +22,7 @@ mod server;
 mod slow_clients;
 mod stalls;
 mod stream;
+mod tls;
 mod tools;
 mod webhooks;
 

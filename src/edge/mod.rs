@@ -9,10 +9,14 @@
 //!   waiting for one: after connecting (a slowloris that sends half a header is closed), and
 //!   after each response (so the same timeout closes idle keep-alive connections).
 //! - Slow bodies are cut off by the request timeout (`http::app`'s `--request-timeout`).
+//! - With TLS ([`tls`]), the handshake must finish within `--tls-handshake-timeout`, in the
+//!   connection's own task (a slow handshake never holds up accepting).
 //!
 //! Axum and hyper stay the HTTP stack: this is hyper-util's connection builder with a timer,
 //! which `axum::serve` does not install (so hyper's header timeout never fired). Shutdown is
 //! graceful: stop accepting, let in-flight requests finish, close idle connections.
+
+pub mod tls;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,6 +42,7 @@ const CAP_WARNING_EVERY: Duration = Duration::from_secs(10);
 pub struct EdgeLimits {
     pub max_connections: usize,
     pub header_read_timeout: Duration,
+    pub tls_handshake_timeout: Duration,
 }
 
 /// What the edge is doing, for the metrics.
@@ -88,6 +93,7 @@ pub async fn serve(
     app: Router,
     limits: EdgeLimits,
     stats: Arc<EdgeStats>,
+    tls: Option<Arc<tls::Tls>>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let graceful = GracefulShutdown::new();
@@ -135,18 +141,37 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(app.clone());
-        let connection = builder.serve_connection(TokioIo::new(stream), service);
-        let connection = graceful.watch(connection);
         stats.accepted.fetch_add(1, Ordering::Relaxed);
         stats.open.fetch_add(1, Ordering::Relaxed);
         let stats = Arc::clone(&stats);
-        tokio::spawn(async move {
-            // A connection ends in an error when a client goes away mid-request or misses the
-            // header timeout: that is the client's business, not worth a log line.
-            let _ = connection.await;
-            stats.open.fetch_sub(1, Ordering::Relaxed);
-            drop(permit);
-        });
+        // A connection ends in an error when a client goes away mid-request, misses a timeout
+        // or fails the handshake: that is the client's business, not worth a log line.
+        match &tls {
+            None => {
+                let connection =
+                    graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+                tokio::spawn(async move {
+                    let _ = connection.await;
+                    stats.open.fetch_sub(1, Ordering::Relaxed);
+                    drop(permit);
+                });
+            }
+            Some(tls) => {
+                let (acceptor, builder) = (tls.acceptor(), builder.clone());
+                let handshake_timeout = limits.tls_handshake_timeout;
+                let watcher = graceful.watcher();
+                tokio::spawn(async move {
+                    if let Ok(Ok(stream)) =
+                        tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await
+                    {
+                        let connection = builder.serve_connection(TokioIo::new(stream), service);
+                        let _ = watcher.watch(connection).await;
+                    }
+                    stats.open.fetch_sub(1, Ordering::Relaxed);
+                    drop(permit);
+                });
+            }
+        }
     }
     drop(listener);
     graceful.shutdown().await;

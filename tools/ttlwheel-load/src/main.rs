@@ -49,6 +49,9 @@ struct Cli {
     /// Seed of the random key choices.
     #[arg(long, global = true, default_value_t = 1)]
     seed: u64,
+    /// A ttlwheel token (`ttlw_...`): every request carries it as `Authorization: Bearer`.
+    #[arg(long, global = true, env = "TTLWHEEL_TOKEN")]
+    token: Option<String>,
     #[command(subcommand)]
     mode: Mode,
 }
@@ -179,6 +182,9 @@ fn main() {
 
 /// Runs the mode; `Ok(false)` when it completed but saw errors.
 async fn run(cli: Cli) -> Result<bool, String> {
+    if let Some(token) = &cli.token {
+        wire::authorize(token);
+    }
     let target = cli.target;
     match cli.mode {
         Mode::Heartbeat(args) => {

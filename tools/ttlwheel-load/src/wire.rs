@@ -15,6 +15,18 @@ use tokio::net::TcpStream;
 /// Most header lines a response may have.
 const MAX_HEADERS: usize = 32;
 
+/// The `Authorization` header line every request carries, once `--token` set it.
+static AUTHORIZATION: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+
+/// Makes every request from now on carry `Authorization: Bearer <token>`.
+pub fn authorize(token: &str) {
+    let _ = AUTHORIZATION.set(format!("Authorization: Bearer {token}\r\n").into_bytes());
+}
+
+fn authorization() -> &'static [u8] {
+    AUTHORIZATION.get().map_or(&[], Vec::as_slice)
+}
+
 /// A `POST` request with a JSON body, ready to write.
 pub fn post_json(host: &str, path: &str, body: &[u8]) -> Vec<u8> {
     let mut request = Vec::with_capacity(body.len() + 128);
@@ -25,7 +37,10 @@ pub fn post_json(host: &str, path: &str, body: &[u8]) -> Vec<u8> {
 
 /// A `GET` request.
 pub fn get(host: &str, path: &str) -> Vec<u8> {
-    format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n").into_bytes()
+    let mut request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n").into_bytes();
+    request.extend_from_slice(authorization());
+    request.extend_from_slice(b"\r\n");
+    request
 }
 
 /// Writes the head of a JSON `POST` whose body is `length` bytes long.
@@ -36,7 +51,9 @@ pub fn write_post_head(out: &mut Vec<u8>, host: &str, path: &str, length: usize)
     out.extend_from_slice(host.as_bytes());
     out.extend_from_slice(b"\r\nContent-Type: application/json\r\nContent-Length: ");
     out.extend_from_slice(itoa::Buffer::new().format(length).as_bytes());
-    out.extend_from_slice(b"\r\n\r\n");
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(authorization());
+    out.extend_from_slice(b"\r\n");
 }
 
 /// A response: its status and its body (borrowed from the connection's buffer).

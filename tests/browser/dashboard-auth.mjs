@@ -2,11 +2,10 @@
 // wrong one, trades a right one for a session cookie (never putting it in a URL), and then
 // shows keys and the live stream (whose EventSource can send no header: the cookie carries it).
 // Usage: node dashboard-auth.mjs BASE_URL READ_TOKEN WRITE_TOKEN. Run by tests/it/browser.rs.
-import { chromium } from "playwright-core";
+import { launch } from "./launch.mjs";
 import { strict as assert } from "node:assert";
 
 const [base, readToken, writeToken] = process.argv.slice(2);
-const executablePath = process.env.CHROMIUM ?? "/usr/bin/chromium";
 const step = (what) => console.log("step:", what);
 
 async function heartbeat(key) {
@@ -18,11 +17,7 @@ async function heartbeat(key) {
   assert.equal(response.status, 200, await response.text());
 }
 
-const browser = await chromium.launch({
-  executablePath,
-  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-});
+const browser = await launch();
 try {
   const page = await (await browser.newContext()).newPage();
   const urls = [];

@@ -1,11 +1,10 @@
 // Drives the real dashboard of a running ttlwheel in headless Chromium (Debian's package).
 // Usage: node dashboard.mjs BASE_URL OUT_DIR. Exits non-zero, with the reason, on any failure.
 // Run by tests/it/browser.rs, which starts the server.
-import { chromium } from "playwright-core";
+import { launch } from "./launch.mjs";
 import { strict as assert } from "node:assert";
 
 const [base, outDir] = process.argv.slice(2);
-const executablePath = process.env.CHROMIUM ?? "/usr/bin/chromium";
 const step = (what) => console.log("step:", what);
 
 async function heartbeat(body) {
@@ -17,12 +16,7 @@ async function heartbeat(body) {
   assert.equal(response.status, 200, await response.text());
 }
 
-const browser = await chromium.launch({
-  executablePath,
-  // As root in a container, without the background services Chromium would call out to.
-  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-});
+const browser = await launch();
 try {
   const context = await browser.newContext({ viewport: { width: 1366, height: 768 }, colorScheme: "light" });
   const page = await context.newPage();

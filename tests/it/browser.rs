@@ -19,31 +19,16 @@ use crate::tools::{self, Tool};
 async fn the_dashboard_shows_keys_appearing_counting_down_and_expiring() {
     tools::require(&[Tool::Chromium, Tool::Node, Tool::BrowserPackages]);
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let chromium = tools::chromium();
-    let browser_dir = root.join("tests/browser");
     let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("browser");
     std::fs::create_dir_all(&out_dir).unwrap();
     let server = TestServer::start().await;
-    let script = browser_dir.join("dashboard.mjs");
-    let (base, out) = (server.base.clone(), out_dir.clone());
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new("node")
-            .arg(script)
-            .arg(base)
-            .arg(out)
-            .env("CHROMIUM", chromium)
-            .output()
-            .expect("node runs")
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "the browser scenario failed:\n{stdout}\n{stderr}"
-    );
-    assert!(stdout.contains("ok: dashboard works"), "{stdout}");
+    let out = out_dir.to_str().expect("a UTF-8 path").to_owned();
+    run_scenario(
+        "dashboard.mjs",
+        vec![server.base.clone(), out],
+        "ok: dashboard works",
+    )
+    .await;
     for shot in ["dashboard.png", "dashboard-dark.png"] {
         let bytes = std::fs::read(out_dir.join(shot)).expect("screenshot saved");
         assert!(bytes.starts_with(b"\x89PNG"), "{shot} is a PNG");
@@ -63,7 +48,6 @@ async fn the_dashboard_shows_keys_appearing_counting_down_and_expiring() {
 #[ignore = "needs chromium, node and playwright-core: .ci/run installs them"]
 async fn the_dashboard_signs_in_with_a_token_and_streams_through_its_session() {
     tools::require(&[Tool::Chromium, Tool::Node, Tool::BrowserPackages]);
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut tokens = Vec::new();
     let mut entries = Vec::new();
     for (id, scope) in [("viewer", "read"), ("writer", "heartbeat")] {
@@ -80,13 +64,23 @@ async fn the_dashboard_signs_in_with_a_token_and_streams_through_its_session() {
     let mut config = ttlwheel::config::Config::ephemeral();
     config.auth_tokens = Some(file.clone());
     let server = TestServer::with_config(config).await;
-    let script = root.join("tests/browser/dashboard-auth.mjs");
-    let (base, chromium) = (server.base.clone(), tools::chromium());
+    let args = [vec![server.base.clone()], tokens].concat();
+    run_scenario("dashboard-auth.mjs", args, "ok: dashboard with auth works").await;
+    server.shutdown().await.expect("clean shutdown");
+    let _ = std::fs::remove_file(file);
+}
+
+/// Runs `tests/browser/<script>` with `args` in node, against Chromium; fails with its output
+/// unless it succeeds and prints `done`.
+async fn run_scenario(script: &str, args: Vec<String>, done: &str) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/browser")
+        .join(script);
+    let chromium = tools::chromium();
     let output = tokio::task::spawn_blocking(move || {
         Command::new("node")
             .arg(script)
-            .arg(base)
-            .args(&tokens)
+            .args(args)
             .env("CHROMIUM", chromium)
             .output()
             .expect("node runs")
@@ -99,7 +93,5 @@ async fn the_dashboard_signs_in_with_a_token_and_streams_through_its_session() {
         output.status.success(),
         "the browser scenario failed:\n{stdout}\n{stderr}"
     );
-    assert!(stdout.contains("ok: dashboard with auth works"), "{stdout}");
-    server.shutdown().await.expect("clean shutdown");
-    let _ = std::fs::remove_file(file);
+    assert!(stdout.contains(done), "{stdout}");
 }

@@ -200,6 +200,16 @@ impl Guard {
         Some(self.engage_at(now_ms, EngagedBy::Threshold, alive, expiring))
     }
 
+    /// Whether `n_due` more expiries could trip it now: armed, enabled, and with the window's
+    /// expiries at least `min_keys` (a cheap test before the alive keys are counted).
+    pub fn could_trip_with(&self, n_due: u64) -> bool {
+        let recent: u64 = self.window.iter().map(|&(_, n)| n).sum();
+        self.config.enabled
+            && self.phase == Phase::Armed
+            && n_due > 0
+            && recent + n_due >= self.config.min_keys
+    }
+
     /// The sweeper expired `n` keys at `now_ms` (not counting released ones).
     pub fn expired(&mut self, now_ms: u64, n: u64) {
         if n == 0 || !matches!(self.phase, Phase::Armed) {

@@ -149,6 +149,10 @@ impl Registry {
     /// The sweeper's first step: lets time pass for the guard (a hold that ran out or healed
     /// ends) and releases what it may now, at most `budget` keys. Returns the keys released.
     pub(super) fn guard_step(&self, now: Now, budget: usize) -> usize {
+        // Armed (nearly always): nothing can end, nothing is held; spare counting the shards.
+        if self.guard.lock().phase() == Phase::Armed {
+            return 0;
+        }
         let held = self.held_count();
         let (transition, quota) = self.guard.lock().tick(now.ms, held);
         self.after_transition(transition, now);
@@ -197,6 +201,11 @@ impl Registry {
     pub(super) fn guard_may_trip(&self) -> bool {
         let guard = self.guard.lock();
         guard.config().enabled && guard.phase() == Phase::Armed
+    }
+
+    /// Whether `n_due` keys due now could trip it (else counting the alive keys is wasted).
+    pub(super) fn guard_could_trip_with(&self, n_due: u64) -> bool {
+        self.guard.lock().could_trip_with(n_due)
     }
 
     /// Publishes the holding flag, logs and announces a transition.

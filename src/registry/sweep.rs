@@ -123,9 +123,11 @@ impl Registry {
     /// many; sets `report.more` when due keys remain.
     fn sweep_heap(&self, now: Now, budget: usize, report: &mut SweepReport) -> usize {
         if self.guard_may_trip() {
-            let alive = self.len() as u64;
-            let n_due = self.heap_due(now, alive);
-            self.guard_consider(now, n_due, alive);
+            let n_due = self.heap_due(now, u64::MAX);
+            if self.guard_could_trip_with(n_due) {
+                let alive = self.len() as u64;
+                self.guard_consider(now, n_due, alive);
+            }
         }
         let ctx = self.ctx();
         let mut spent = 0;

@@ -301,25 +301,33 @@ async fn against_the_binary_a_healed_partition_sends_no_expiry_and_a_death_ends_
     assert_eq!(types(&receiver), ["guard.engaged", "guard.released"]);
     assert_eq!(receiver.requests()[1].json["data"]["released_by"], "healed");
     // Now they die for good: held for 15 s, then released over 2 s.
-    let died = std::time::Instant::now();
     receiver
         .wait_until(Duration::from_secs(40), |requests| {
             requests.len() >= 4 + fleet.len()
         })
         .await;
     let types = types(&receiver);
+    // The engagement comes 15 s before any expiry; the release and the first expiries are
+    // published together and delivered concurrently (order is kept per key, not across keys).
     assert_eq!(types[2], "guard.engaged");
-    assert_eq!(types[3], "guard.released");
+    let count = |kind: &str| types[3..].iter().filter(|t| *t == kind).count();
     assert_eq!(
-        types[4..].iter().filter(|t| *t == "key.expired").count(),
-        1_000
+        (count("guard.released"), count("key.expired")),
+        (1, 1_000),
+        "{types:?}"
     );
-    let last = receiver.requests().last().unwrap().arrived;
-    assert!(
-        last - died <= Duration::from_millis(TTL_MS + 15_000 + 2_000 + 2_000),
-        "the last expiry arrived {:?} after the clients stopped",
-        last - died
-    );
+    // Late by at most the hold plus the release window plus a tick, as the server measured it
+    // (delivery to the receiver comes on top, and is not what the guard bounds).
+    for request in receiver.requests().iter().skip(2) {
+        if request.json["type"] == "key.expired" {
+            let lateness_ms = request.json["data"]["lateness_ms"].as_u64().unwrap();
+            assert!(
+                lateness_ms <= 15_000 + 2_000 + 1_000 + 500,
+                "{} expired {lateness_ms} ms late",
+                request.key()
+            );
+        }
+    }
     let (_, metrics) = server.call(reqwest::Method::GET, "/healthz", None).await;
     assert_eq!(metrics["status"], "ok");
     // An operator's levers over HTTP.

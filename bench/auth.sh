@@ -19,10 +19,7 @@ cargo build --release -q -p ttlwheel -p ttlwheel-load
 SERVER=target/release/ttlwheel
 LOAD=target/release/ttlwheel-load
 TARGET="127.0.0.1:$PORT"
-PID=
-
-stop() { [ -n "$PID" ] && kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null; PID=; true; }
-trap stop EXIT
+. bench/lib.sh
 
 start() {
   rm -rf "$OUT/data"
@@ -37,7 +34,6 @@ TOKEN=$(echo "$minted" | grep -o 'ttlw_load_[A-Za-z0-9_-]*')
 echo "{\"tokens\": [$(echo "$minted" | grep '^{')]}" > "$OUT/tokens.json"
 
 result() { grep '^RESULT' | sed 's/^RESULT //' | python3 -c 'import json,sys; r=json.load(sys.stdin)["outcome"]; print(r["requests_per_s"], r["latency"]["p99"])'; }
-median() { sort -g | awk '{a[NR]=$1} END {if (NR) print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 
 : > "$OUT/rows.tsv"
 for round in $(seq 1 "$ROUNDS"); do

@@ -22,10 +22,7 @@ cargo build --release -q -p ttlwheel -p ttlwheel-load
 SERVER=target/release/ttlwheel
 LOAD=target/release/ttlwheel-load
 TARGET="127.0.0.1:$PORT"
-PID=
-
-stop() { [ -n "$PID" ] && kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null; PID=; true; }
-trap stop EXIT
+. bench/lib.sh
 
 # Starts the server with "$@"; sets READY_S to the seconds until /healthz answered 200.
 # (Not a command substitution: the server would hold its pipe open, and its PID would be lost.)
@@ -47,7 +44,6 @@ flags() {
 }
 
 result() { grep '^RESULT' | sed 's/^RESULT //'; }
-median() { sort -g | awk '{a[NR]=$1} END {if (NR) print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 
 : > "$OUT/rows.tsv"
 for round in $(seq 1 "$ROUNDS"); do

@@ -1,0 +1,10 @@
+# Helpers shared by the bench scripts that run one server at a time (source it after `cd` to the
+# repository root): the server's PID, stopping it (also on exit), and the median of a column.
+PID=
+
+# Stops the server started last, if any (by PID: servers bind 127.0.0.1 only).
+stop() { [ -n "$PID" ] && kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null; PID=; true; }
+trap stop EXIT
+
+# The median of the numbers on stdin, one per line.
+median() { sort -g | awk '{a[NR]=$1} END {if (NR) print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }

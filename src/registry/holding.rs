@@ -86,7 +86,7 @@ impl Registry {
                 baseline,
                 expiring,
             } => {
-                let ends_ms = since_ms + config.max_hold_ms;
+                let ends_ms = guard.hold_ends_at().expect("engaged");
                 status.state = "engaged";
                 status.engaged_by = Some(by);
                 status.since = Some(rfc3339(self.clock.unix_ms(since_ms)));

@@ -26,7 +26,9 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 use tokio_util::time::{delay_queue, DelayQueue};
 use ttlwheel::expiry::heap::DeadlineHeap;
-use ttlwheel::registry::{ExpireAt, Heartbeat, ListFilter, Registry, RegistryConfig, SWEEP_CHUNK};
+use ttlwheel::registry::{
+    ExpireAt, GuardConfig, Heartbeat, ListFilter, Registry, RegistryConfig, SWEEP_CHUNK,
+};
 use ttlwheel::types::ServiceName;
 use ttlwheel::types::{Key, Ttl};
 
@@ -610,15 +612,20 @@ fn listing(c: &mut Criterion) {
 }
 
 /// One tick that evicts 1M keys due in the same second (one event subscriber, drained outside
-/// the measurement). Also prints the longest single sweep step, which bounds how long one shard
-/// lock is held.
+/// the measurement), as the ticker meets it: the keys' bucket is handed over to the last
+/// second's millisecond groups when that second begins, and expired when their millisecond
+/// comes (`on-time`); and by a ticker that reaches the tick only after the deadline passed,
+/// which expires them as it hands them over (`late`). Also prints the longest single sweep
+/// step, which bounds how long one shard lock is held.
 fn mass_eviction(c: &mut Criterion) {
     let n = 1_000_000.min(sizes().last().map_or(0, |(n, _)| *n));
     let keys = keys(n);
+    // Heartbeats 500 ms into the registry's time, TTL 1 s: deadline 1500 ms, in tick 2, whose
+    // last second begins at 1000 ms.
     let setup_with = |config: RegistryConfig| {
-        let registry = Registry::new(config, Instant::now());
-        let events = registry.subscribe();
         let epoch = Instant::now();
+        let registry = Registry::new(config, epoch);
+        let events = registry.subscribe();
         for key in keys.iter() {
             let heartbeat = Heartbeat {
                 key: key.clone(),
@@ -626,27 +633,47 @@ fn mass_eviction(c: &mut Criterion) {
                 service: None,
                 meta: None,
             };
-            registry.heartbeat(heartbeat, epoch).unwrap();
+            registry
+                .heartbeat(heartbeat, epoch + Duration::from_millis(500))
+                .unwrap();
         }
-        (registry, events, epoch + Duration::from_secs(2))
+        (registry, events, epoch)
+    };
+    let at = |epoch: Instant, ms: u64| epoch + Duration::from_millis(ms);
+    // The guard off: on, it would (rightly) hold a mass expiry instead of expiring it.
+    let service = RegistryConfig {
+        guard: GuardConfig::off(),
+        ..RegistryConfig::default()
     };
     let bare = RegistryConfig {
         listing: false,
         expired_max: 0,
-        ..RegistryConfig::default()
+        ..service.clone()
     };
-    let setup = || setup_with(RegistryConfig::default());
     let mut group = c.benchmark_group("evict/1M");
     group.sample_size(10);
     for (name, config) in [
-        ("one-tick-engine", bare),
-        ("one-tick", RegistryConfig::default()),
+        ("one-tick-engine", bare.clone()),
+        ("one-tick", service.clone()),
     ] {
-        group.bench_function(name, |b| {
+        group.bench_function(format!("{name}/on-time"), |b| {
             b.iter_batched(
                 || setup_with(config.clone()),
-                |(registry, events, due)| {
-                    while registry.sweep(due, 16 * 1024).more {}
+                |(registry, events, epoch)| {
+                    while registry.sweep(at(epoch, 1_000), 16 * 1024).more {}
+                    while registry.sweep(at(epoch, 1_600), 16 * 1024).more {}
+                    assert_eq!(registry.len(), 0, "every key expired");
+                    (registry, events)
+                },
+                BatchSize::PerIteration,
+            )
+        });
+        group.bench_function(format!("{name}/late"), |b| {
+            b.iter_batched(
+                || setup_with(config.clone()),
+                |(registry, events, epoch)| {
+                    while registry.sweep(at(epoch, 2_000), 16 * 1024).more {}
+                    assert_eq!(registry.len(), 0, "every key expired");
                     (registry, events)
                 },
                 BatchSize::PerIteration,
@@ -655,14 +682,16 @@ fn mass_eviction(c: &mut Criterion) {
     }
     group.finish();
 
-    let (registry, _events, due) = setup();
+    let (registry, _events, epoch) = setup_with(service);
     let mut steps = Vec::new();
-    loop {
-        let started = StdInstant::now();
-        let report = registry.sweep(due, SWEEP_CHUNK);
-        steps.push(started.elapsed());
-        if !report.more {
-            break;
+    for now_ms in [1_000, 1_600] {
+        loop {
+            let started = StdInstant::now();
+            let report = registry.sweep(at(epoch, now_ms), SWEEP_CHUNK);
+            steps.push(started.elapsed());
+            if !report.more {
+                break;
+            }
         }
     }
     steps.sort();

@@ -1,6 +1,7 @@
 //! The task that owns time.
 //!
-//! It sleeps until the next wheel tick or the earliest heap deadline, whichever is first, is
+//! It sleeps until the next due millisecond (a wheel key in its last second, or a heap key) or the
+//! start of the next tick's last second, whichever is first, is
 //! woken early only when an earlier heap deadline arrives, and then sweeps what is due in
 //! bounded steps, yielding to the runtime between them so that a mass expiry shares the
 //! threads with the heartbeats instead of holding one for its whole length. It reads the clock

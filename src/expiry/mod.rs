@@ -1,7 +1,8 @@
 //! The two timer structures and the rule that picks between them.
 //!
-//! - [`wheel::TimingWheel`]: whole-second TTLs up to `max_ttl_s`; O(1) renew, 1 s resolution,
-//!   at most one tick late.
+//! - [`wheel::TimingWheel`]: whole-second TTLs up to `max_ttl_s`; O(1) renew, 1 s buckets;
+//!   a bucket's keys spend their last second in [`last_second::LastSecond`], 1,000 groups of
+//!   one millisecond each, so they expire within the millisecond.
 //! - [`heap::DeadlineHeap`]: everything else (sub-second, fractional seconds, longer than
 //!   `max_ttl_s`, up to 365 days); O(log n), millisecond precision.
 //!
@@ -9,6 +10,7 @@
 //! nothing about keys. `registry` is the only code that touches them.
 
 pub mod heap;
+pub mod last_second;
 pub mod wheel;
 
 /// Which structure holds a key's deadline.

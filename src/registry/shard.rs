@@ -20,6 +20,8 @@
 //!   deadlines, and persistent entries have no deadline;
 //! - no alive key is in the expired log; no event is pending outside an operation.
 
+use std::collections::HashMap;
+
 use foldhash::fast::RandomState;
 use hashbrown::HashTable;
 use std::hash::BuildHasher;
@@ -31,6 +33,7 @@ use super::{Ctx, ExpireCondition, ExpireOutcome, KeyState, RegistryError};
 use crate::clock::Now;
 use crate::events::{Event, EventKind};
 use crate::expiry::heap::DeadlineHeap;
+use crate::expiry::last_second::LastSecond;
 use crate::expiry::wheel::{SlotId, Tick, TimingWheel};
 use crate::expiry::TimerKind;
 use crate::persist::journal::Lsn;
@@ -73,6 +76,14 @@ impl TimerRef {
     };
     /// The tick of a held key (its `pos` is its place in the held list).
     const HELD_TICK: Tick = Tick::MAX - 2;
+
+    /// The `pos` of a wheel key whose element is in the last second's groups (its tick was
+    /// detached and handed over): no bucket position is this large.
+    const LAST_SECOND_POS: u32 = u32::MAX;
+
+    fn last_second(tick: Tick) -> Self {
+        Self::wheel(tick, Self::LAST_SECOND_POS)
+    }
 
     fn held(pos: u32) -> Self {
         Self {
@@ -233,6 +244,10 @@ pub(super) struct Shard {
     pending_records: Vec<Record>,
     /// Keys that are due and held by the mass-expiry guard (`Timer::Held` records the place).
     held: Vec<SlotId>,
+    /// The detached tick's keys in their last second, by millisecond.
+    last: LastSecond,
+    /// Reused buffer for the due elements of the last second.
+    scratch: Vec<SlotId>,
     /// Alive keys in order; `None` when listing is disabled (benchmarks of the bare engine).
     ordered: Option<OrderedIndex>,
     expired: ExpiredLog,
@@ -255,6 +270,8 @@ impl Shard {
             pending_events: Vec::new(),
             pending_records: Vec::new(),
             held: Vec::new(),
+            last: LastSecond::default(),
+            scratch: Vec::new(),
             ordered: ctx.config.listing.then(OrderedIndex::default),
             expired: ExpiredLog::new(ctx.config.expired_retention_ms, expired_max),
         }
@@ -465,51 +482,131 @@ impl Shard {
         self.wheel.swept_through()
     }
 
-    /// Detaches the wheel's next bucket in O(1); the sweeper then calls [`Self::expire_detached`].
+    /// Detaches the wheel's next bucket in O(1), when the second its deadlines fall in begins;
+    /// the sweeper then hands its slots over with [`Self::hand_over`].
     pub fn detach_next_bucket(&mut self) -> (Tick, Vec<SlotId>) {
-        self.wheel.detach_next()
+        debug_assert!(self.last.is_empty(), "the previous tick is not done");
+        let (tick, slots) = self.wheel.detach_next();
+        self.last.begin(tick);
+        (tick, slots)
     }
 
-    /// Expires the slots of a detached bucket of `tick` that are still scheduled there; slots
-    /// renewed or removed since are skipped. Returns how many keys expired.
-    pub fn expire_detached(
+    /// Hands the slots of the detached bucket of `tick` that are still scheduled there (found
+    /// at positions `first_pos..` of it) to the last second's millisecond groups. A slot
+    /// renewed or removed since is stale and dropped; one filed at the horizon while the
+    /// sweeper was behind is filed again where it belongs; one already due (the sweeper is
+    /// late) is expired at once. Returns how many keys expired.
+    pub fn hand_over(
         &mut self,
         tick: Tick,
         slots: &[SlotId],
+        first_pos: usize,
         ctx: &Ctx<'_>,
         now: Now,
     ) -> usize {
         let now_ms = now.ms;
+        let tick_end_ms = u64::from(tick) * 1000;
         let mut n_expired = 0;
-        for &slot in slots {
-            let current = self.slots.get(slot).filter(
-                |entry| matches!(entry.timer.get(), Timer::Wheel { tick: at, .. } if at == tick),
-            );
+        for (pos, &slot) in (first_pos..).zip(slots) {
+            let current = self.slots.get(slot).filter(|entry| {
+                entry.timer.get()
+                    == (Timer::Wheel {
+                        tick,
+                        pos: pos as u32,
+                    })
+            });
             let Some(entry) = current else {
                 // Stale: renewed, moved to the heap, persisted, removed, or a reused slot.
-                debug_assert!(self.n_stale > 0, "a stale element that was not counted");
-                self.n_stale = self.n_stale.saturating_sub(1);
+                self.drop_stale();
                 continue;
             };
             let deadline_ms = entry.deadline_ms;
-            // This sweep consumes the key's element, so its timer no longer points anywhere:
-            // clear it before anything unschedules the key, or `unschedule` would count the
-            // consumed element as stale and `n_stale` would grow by one per expiry, for good.
-            self.slots.entry_mut(slot).timer = TimerRef::PERSISTENT;
-            self.n_wheel -= 1;
-            if deadline_ms > now_ms {
+            if deadline_ms > tick_end_ms {
                 // Filed at the horizon because the sweeper was behind (see `TimingWheel::clamp`):
-                // not due yet, so file it again where it belongs.
+                // not due in this second, so file it again where it belongs.
+                self.consume_wheel_element(slot);
                 self.schedule(slot, Some(TimerKind::Wheel), deadline_ms);
-            } else if ctx.holding {
-                self.hold(slot);
+            } else if deadline_ms <= now_ms {
+                n_expired += self.expire_wheel_key(slot, ctx, now_ms);
             } else {
-                self.remove(slot, EventKind::Expired, ctx, now_ms);
-                n_expired += 1;
+                self.slots.entry_mut(slot).timer = TimerRef::last_second(tick);
+                self.last.push(deadline_ms, slot);
             }
         }
-        self.expired.prune(ctx.clock.unix_ms(now_ms));
         n_expired
+    }
+
+    /// Expires (or, while the guard holds, holds) up to `max` keys of the last second whose
+    /// millisecond has come. Returns how many elements it handled, how many keys expired, and
+    /// whether more are due.
+    pub fn expire_last_second(
+        &mut self,
+        max: usize,
+        ctx: &Ctx<'_>,
+        now: Now,
+    ) -> (usize, usize, bool) {
+        let now_ms = now.ms;
+        let tick = self.last.tick();
+        let mut due = std::mem::take(&mut self.scratch);
+        let handled = self.last.take_due(now_ms, max, &mut due);
+        let mut n_expired = 0;
+        for &slot in &due {
+            let current = self
+                .slots
+                .get(slot)
+                .is_some_and(|entry| entry.timer == TimerRef::last_second(tick));
+            if current {
+                n_expired += self.expire_wheel_key(slot, ctx, now_ms);
+            } else {
+                self.drop_stale();
+            }
+        }
+        due.clear();
+        self.scratch = due;
+        self.expired.prune(ctx.clock.unix_ms(now_ms));
+        let more = self.last.next_due_ms().is_some_and(|at| at <= now_ms);
+        (handled, n_expired, more)
+    }
+
+    /// Keys of the last second not yet handled (0: the detached tick is done in this shard).
+    pub fn last_second_len(&self) -> usize {
+        self.last.len()
+    }
+
+    /// When the earliest key of the last second is due, in epoch ms.
+    pub fn next_last_second_deadline(&self) -> Option<u64> {
+        self.last.next_due_ms()
+    }
+
+    /// A stale wheel element was dropped by the sweeper.
+    fn drop_stale(&mut self) {
+        debug_assert!(self.n_stale > 0, "a stale element that was not counted");
+        self.n_stale = self.n_stale.saturating_sub(1);
+    }
+
+    /// The sweeper consumes the key's current wheel element, so its timer no longer points
+    /// anywhere: cleared before anything unschedules the key, or `unschedule` would count the
+    /// consumed element as stale and `n_stale` would grow by one per expiry, for good.
+    fn consume_wheel_element(&mut self, slot: SlotId) {
+        self.slots.entry_mut(slot).timer = TimerRef::PERSISTENT;
+        self.n_wheel -= 1;
+    }
+
+    /// Expires (or, while the guard holds, holds) a due wheel key whose element the sweeper
+    /// holds. Returns 1 if it expired.
+    fn expire_wheel_key(&mut self, slot: SlotId, ctx: &Ctx<'_>, now_ms: u64) -> usize {
+        debug_assert!(
+            self.slots.entry(slot).deadline_ms <= now_ms,
+            "expired early"
+        );
+        self.consume_wheel_element(slot);
+        if ctx.holding {
+            self.hold(slot);
+            0
+        } else {
+            self.remove(slot, EventKind::Expired, ctx, now_ms);
+            1
+        }
     }
 
     /// Expires (or, while the guard holds, holds) up to `max` heap keys that are due. Returns
@@ -789,6 +886,10 @@ impl Shard {
         let mut n_live = 0;
         let (mut n_wheel, mut n_heap) = (0, 0);
         let mut by_service: Vec<u32> = Vec::new();
+        let mut last_second: HashMap<SlotId, usize> = HashMap::new();
+        for slot in self.last.unprocessed() {
+            *last_second.entry(slot).or_default() += 1;
+        }
         for (slot, entry) in self.slots.iter() {
             n_live += 1;
             let hash = self.hasher.hash_one(entry.key.as_str());
@@ -806,7 +907,7 @@ impl Shard {
             match entry.timer.get() {
                 Timer::Wheel { tick, pos } => {
                     n_wheel += 1;
-                    self.check_wheel_entry(slot, entry, tick, pos, detached);
+                    self.check_wheel_entry(slot, entry, tick, pos, detached, &last_second);
                 }
                 Timer::Heap => {
                     n_heap += 1;
@@ -889,6 +990,7 @@ impl Shard {
         }
         assert_eq!(self.heap.len(), n_heap, "heap entries without a heap timer");
         self.heap.check_invariants();
+        self.last.check_invariants();
         self.check_stale_count(detached);
         let stored = self.alive_by_service.iter().copied();
         let counted = by_service.iter().copied().chain(std::iter::repeat(0));
@@ -910,8 +1012,9 @@ impl Shard {
             .check_invariants(|key| self.find(self.hasher.hash_one(key.as_str()), key).is_some());
     }
 
-    /// A wheel entry's element is where its timer says: in a bucket the wheel holds, or in the
-    /// unprocessed part of the bucket the sweeper detached; and its tick fits its deadline.
+    /// A wheel entry's element is where its timer says: in a bucket the wheel holds, in the
+    /// part of the bucket the sweeper detached that it has not handed over yet, or once in the
+    /// last second's unprocessed groups; and its tick fits its deadline.
     fn check_wheel_entry(
         &self,
         slot: SlotId,
@@ -919,6 +1022,7 @@ impl Shard {
         tick: Tick,
         pos: u32,
         detached: Option<(Tick, &[SlotId], usize)>,
+        last_second: &HashMap<SlotId, usize>,
     ) {
         self.check_timer_kind(entry, TimerKind::Wheel);
         let key = &entry.key;
@@ -927,6 +1031,21 @@ impl Shard {
                 self.wheel.bucket(tick).get(pos as usize),
                 Some(&slot),
                 "{key}'s wheel position ({tick}, {pos})"
+            );
+        } else if pos == TimerRef::LAST_SECOND_POS {
+            assert_eq!(
+                tick,
+                self.last.tick(),
+                "{key} is in another tick's last second"
+            );
+            assert_eq!(
+                last_second.get(&slot),
+                Some(&1),
+                "{key}'s element in the last second"
+            );
+            assert!(
+                entry.deadline_ms <= u64::from(tick) * 1000,
+                "{key} is in the last second of {tick}, past its deadline's"
             );
         } else {
             let (swept, bucket, offset) = detached
@@ -961,8 +1080,8 @@ impl Shard {
         );
     }
 
-    /// `n_stale` counts exactly the wheel elements (held, or detached and not yet processed)
-    /// that are not their slot's current element.
+    /// `n_stale` counts exactly the wheel elements (held, detached and not yet handed over, or
+    /// in the last second and not yet processed) that are not their slot's current element.
     fn check_stale_count(&self, detached: Option<(Tick, &[SlotId], usize)>) {
         let is_current = |tick: Tick, pos: usize, slot: SlotId| {
             self.slots.get(slot).is_some_and(|entry| {
@@ -987,8 +1106,14 @@ impl Shard {
                 .skip(offset)
                 .map(move |(pos, &slot)| (tick, pos, slot))
         });
+        let last_tick = self.last.tick();
+        let last_second = self
+            .last
+            .unprocessed()
+            .map(|slot| (last_tick, TimerRef::LAST_SECOND_POS as usize, slot));
         let n_stale = held
             .chain(unprocessed)
+            .chain(last_second)
             .filter(|&(tick, pos, slot)| !is_current(tick, pos, slot))
             .count();
         assert_eq!(self.n_stale, n_stale, "n_stale");

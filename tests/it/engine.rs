@@ -47,13 +47,14 @@ fn check_expiry_time(
 }
 
 #[test]
-fn keys_expire_never_early_and_at_most_one_tick_late() {
+fn keys_expire_never_early_and_within_the_millisecond() {
     // (max_ttl_s, heartbeat at, ttl, timer, expiry published at)
     let cases = [
         (10, 0, 1_000, TimerKind::Wheel, 1_000), // TTL 1 s from tick 0: bucket 1, on time
-        (10, 250, 1_000, TimerKind::Wheel, 2_000), // mid-second: the next tick, 750 ms late
+        (10, 250, 1_000, TimerKind::Wheel, 1_250), // mid-second: its last second, to the ms
         (10, 0, 10_000, TimerKind::Wheel, 10_000), // max_ttl from a tick boundary
-        (10, 999, 10_000, TimerKind::Wheel, 11_000), // max_ttl from mid-second: the last bucket
+        (10, 999, 10_000, TimerKind::Wheel, 10_999), // max_ttl from mid-second: the last bucket
+        (10, 1, 2_000, TimerKind::Wheel, 2_001), // the first millisecond of a second
         (10, 0, 11_000, TimerKind::Heap, 11_000), // max_ttl + 1 goes to the heap
         (10, 3, 1, TimerKind::Heap, 4),          // the shortest TTL
         (10, 10, 1_500, TimerKind::Heap, 1_510), // not whole seconds: exact on the heap
@@ -477,5 +478,79 @@ fn wheel_expiries_leave_no_stale_elements_counted() {
     harness.registry.check_invariants();
     harness.advance(1_500);
     assert_eq!(harness.drained_keys(EventKind::Expired).len(), 100);
+    harness.registry.check_invariants();
+}
+
+/// A key renewed while its bucket is in its last second (handed over to the millisecond
+/// groups) leaves its element there, stale: it must not expire at the old deadline, and it
+/// expires exactly at the new one.
+#[test]
+fn a_key_renewed_in_its_last_second_expires_at_its_new_deadline_only() {
+    let mut harness = Harness::new(10);
+    harness.stall(400);
+    harness.heartbeat("k", 2_000); // deadline 2400: tick 3, whose last second begins at 2000
+    harness.heartbeat("other", 2_000); // the same millisecond, not renewed
+    harness.advance(1_700); // 2100: tick 3 detached and handed over
+    harness.registry.check_invariants();
+    assert!(!harness.heartbeat("k", 2_000).created); // deadline 4100; its 2400 element is stale
+    harness.registry.check_invariants();
+    harness.advance(299);
+    assert!(harness.drain().is_empty(), "nothing is due before 2400");
+    harness.advance(1); // 2400
+    assert_eq!(harness.drained_keys(EventKind::Expired), ["other"]);
+    harness.registry.check_invariants();
+    for _ in 2_401..4_100 {
+        harness.advance(1);
+        assert!(
+            harness.drain().is_empty(),
+            "k expired early at {}",
+            harness.now_ms
+        );
+    }
+    harness.advance(1); // 4100
+    let events = harness.drain();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].key.as_str(), "k");
+    assert_eq!(events[0].occurred_at_ms, UNIX_AT_EPOCH + 4_100);
+    assert_eq!(events[0].lateness_ms, 0);
+    harness.registry.check_invariants();
+}
+
+/// A key deleted in its last second leaves a stale element whose slot a new key reuses; that
+/// element must not expire the new key, which expires at its own deadline. A key moved to the
+/// heap by EXPIRE in its last second expires at the heap deadline, once.
+#[test]
+fn a_stale_last_second_element_of_a_reused_slot_or_a_moved_key_expires_nothing() {
+    let mut harness = Harness::with_config(ttlwheel::registry::RegistryConfig {
+        max_ttl_s: 10,
+        shards: 1, // one shard: the new key reuses the deleted key's slot
+        guard: ttlwheel::registry::GuardConfig::off(),
+        ..ttlwheel::registry::RegistryConfig::default()
+    });
+    harness.heartbeat("gone", 1_000); // deadline 1000: tick 1, handed over at once
+    harness.heartbeat("moved", 1_000);
+    harness.advance(500);
+    harness.registry.check_invariants();
+    assert!(harness
+        .registry
+        .delete(&key_of("gone"), harness.now())
+        .unwrap());
+    harness.heartbeat("reuser", 1_000); // deadline 1500, reusing gone's slot
+    let outcome = harness
+        .registry
+        .expire(&key_of("moved"), ExpireAt::In(700), None, harness.now())
+        .unwrap(); // deadline 1200, on the heap now
+    assert_eq!(outcome, ExpireOutcome::Applied { ttl_ms: 700 });
+    harness.registry.check_invariants();
+    assert_eq!(harness.drained_keys(EventKind::Deleted), ["gone"]);
+    harness.advance(500); // 1000: the stale elements of gone and moved come due
+    assert!(harness.drain().is_empty(), "a stale element expired a key");
+    harness.registry.check_invariants();
+    harness.advance(200); // 1200
+    assert_eq!(harness.drained_keys(EventKind::Expired), ["moved"]);
+    harness.advance(299);
+    assert!(harness.drain().is_empty());
+    harness.advance(1); // 1500
+    assert_eq!(harness.drained_keys(EventKind::Expired), ["reuser"]);
     harness.registry.check_invariants();
 }

@@ -3,8 +3,8 @@
 //!
 //! The model decides which keys are alive and what each answer is. Expiry events are matched
 //! against the model's due keys: each due key must produce exactly one `expired` event, never
-//! before its deadline, and no later than the first sweep after its bucket's tick (wheel) or its
-//! deadline (heap). Deletions must produce `deleted` events exactly when the model deletes.
+//! before its deadline, and no later than the first sweep after its deadline (wheel and heap
+//! alike: a wheel key's last second is ordered to the millisecond). Deletions must produce `deleted` events exactly when the model deletes.
 //! After every step the registry's full invariant check runs (`Registry::check_invariants`).
 
 use std::collections::BTreeMap;
@@ -109,10 +109,8 @@ impl Model {
         for (key, entry) in newly_due {
             self.alive.remove(key);
             let deadline_ms = entry.deadline_ms.expect("due keys have deadlines");
-            let swept_by_ms = match entry.timer {
-                Some(TimerKind::Wheel) => deadline_ms.div_ceil(1000) * 1000,
-                _ => deadline_ms,
-            };
+            // Wheel keys too: their last second is ordered to the millisecond.
+            let swept_by_ms = deadline_ms;
             let previous = self.due.insert(
                 key,
                 Due {

@@ -115,7 +115,9 @@ struct SoakArgs {
     /// TTL of the keys on the heap path (not whole seconds).
     #[arg(long, default_value = "4500ms", value_parser = Ttl::parse)]
     heap_ttl: Ttl,
-    #[arg(long, default_value = "1050ms", value_parser = humantime::parse_duration)]
+    /// Allowed lateness on the wheel path, measured at the receiver (so it includes the request
+    /// and the webhook delivery); the wheel expires to the millisecond, like the heap.
+    #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
     wheel_grace: Duration,
     #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
     heap_grace: Duration,
@@ -250,6 +252,14 @@ async fn run(cli: Cli) -> Result<bool, String> {
             );
             println!("soak: wheel lateness {}", outcome.wheel_lateness);
             println!("soak: heap lateness  {}", outcome.heap_lateness);
+            println!(
+                "soak: wheel server lateness {}",
+                outcome.wheel_server_lateness
+            );
+            println!(
+                "soak: heap server lateness  {}",
+                outcome.heap_server_lateness
+            );
             print_result("soak", &outcome);
             Ok(outcome.counts.clean() && outcome.heartbeats_failed == 0)
         }

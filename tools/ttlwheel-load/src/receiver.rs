@@ -26,6 +26,8 @@ pub struct Arrival {
     pub key: String,
     /// `data.occurred_at` as the server wrote it (RFC 3339, ms), when present.
     pub occurred_at: Option<String>,
+    /// `data.lateness_ms`: how late the server expired the key, by its own clock.
+    pub lateness_ms: Option<u64>,
 }
 
 /// Starts the receiver on `bind`; deliveries come out of the returned channel.
@@ -49,13 +51,14 @@ async fn deliver(
 ) -> StatusCode {
     let at = Instant::now();
     match parse(&headers, &body) {
-        Some((id, kind, key, occurred_at)) => {
+        Some((id, kind, key, occurred_at, lateness_ms)) => {
             let _ = sender.send(Arrival {
                 at,
                 id,
                 kind,
                 key,
                 occurred_at,
+                lateness_ms,
             });
             StatusCode::NO_CONTENT
         }
@@ -64,8 +67,8 @@ async fn deliver(
     }
 }
 
-/// `(webhook id, type, key, occurred_at)` of a delivery.
-type Parsed = (String, String, String, Option<String>);
+/// `(webhook id, type, key, occurred_at, lateness_ms)` of a delivery.
+type Parsed = (String, String, String, Option<String>, Option<u64>);
 
 fn parse(headers: &HeaderMap, body: &[u8]) -> Option<Parsed> {
     #[derive(serde::Deserialize)]
@@ -80,6 +83,8 @@ fn parse(headers: &HeaderMap, body: &[u8]) -> Option<Parsed> {
         key: std::borrow::Cow<'a, str>,
         #[serde(borrow, default)]
         occurred_at: Option<&'a str>,
+        #[serde(default)]
+        lateness_ms: Option<u64>,
     }
     let id = headers.get("webhook-id")?.to_str().ok()?.to_owned();
     let payload: Payload<'_> = serde_json::from_slice(body).ok()?;
@@ -88,6 +93,7 @@ fn parse(headers: &HeaderMap, body: &[u8]) -> Option<Parsed> {
         payload.r#type.to_owned(),
         payload.data.key.into_owned(),
         payload.data.occurred_at.map(str::to_owned),
+        payload.data.lateness_ms,
     ))
 }
 

@@ -8,7 +8,7 @@
 //! A stopped key's window is `[s + ttl, s + ttl + grace]` where `s` is when its last
 //! acknowledged heartbeat was *sent*: the server's deadline is at least `s + ttl` (it read its
 //! clock after we sent), so an expiry before that is early; `grace` is the allowed lateness
-//! (1.05 s on the wheel, which has 1 s buckets; 20 ms on the heap). Lateness is measured from
+//! (20 ms on both paths by default: the wheel expires to the millisecond too). Lateness is measured from
 //! `s + ttl`, so it includes the request's own time and the webhook delivery: the worst case.
 
 use std::cmp::Reverse;
@@ -100,6 +100,8 @@ pub struct Ledger {
     seen_ids: HashSet<String>,
     counts: Counts,
     lateness: [Durations; 2],
+    /// Per path, the lateness the server itself measured and reported in the payload.
+    server_lateness: [Durations; 2],
 }
 
 impl Ledger {
@@ -112,6 +114,7 @@ impl Ledger {
             seen_ids: HashSet::new(),
             counts: Counts::default(),
             lateness: [Durations::default(), Durations::default()],
+            server_lateness: [Durations::default(), Durations::default()],
         }
     }
 
@@ -136,12 +139,22 @@ impl Ledger {
     }
 
     /// A webhook said `key` (its index, or `None` for a key not of this soak) expired.
-    pub fn expired(&mut self, key: Option<usize>, webhook_id: &str, at: Instant) -> Verdict {
+    /// `server_lateness`: the lateness the server measured (the payload's `lateness_ms`).
+    pub fn expired(
+        &mut self,
+        key: Option<usize>,
+        webhook_id: &str,
+        at: Instant,
+        server_lateness: Option<Duration>,
+    ) -> Verdict {
         let verdict = self.judge(key, webhook_id, at);
         match verdict {
             Verdict::InWindow(lateness) | Verdict::Late(lateness) => {
                 let path = self.paths[key.expect("judged a key of ours")] as usize;
                 self.lateness[path].record(lateness);
+                if let Some(server_lateness) = server_lateness {
+                    self.server_lateness[path].record(server_lateness);
+                }
                 if matches!(verdict, Verdict::InWindow(_)) {
                     self.counts.in_window += 1;
                 } else {
@@ -209,6 +222,11 @@ impl Ledger {
     pub fn lateness(&self, path: Path) -> Summary {
         self.lateness[path as usize].summary()
     }
+
+    /// The lateness the server reported for `path`'s expiries in the window or late.
+    pub fn server_lateness(&self, path: Path) -> Summary {
+        self.server_lateness[path as usize].summary()
+    }
 }
 
 /// The soak's settings.
@@ -239,6 +257,8 @@ pub struct Outcome {
     pub max_schedule_lag_ms: f64,
     pub wheel_lateness: Summary,
     pub heap_lateness: Summary,
+    pub wheel_server_lateness: Summary,
+    pub heap_server_lateness: Summary,
 }
 
 /// How often the scheduler looks for due heartbeats.
@@ -304,7 +324,10 @@ pub async fn run(
                 let key = workload::key_index(&arrival.key, &prefix)
                     .filter(|_| arrival.kind == crate::receiver::EXPIRED)
                     .map(|key| key as usize);
-                ledger.lock().expired(key, &arrival.id, arrival.at);
+                let server_lateness = arrival.lateness_ms.map(Duration::from_millis);
+                ledger
+                    .lock()
+                    .expired(key, &arrival.id, arrival.at, server_lateness);
             }
         })
     };
@@ -385,6 +408,8 @@ pub async fn run(
         max_schedule_lag_ms: crate::stats::ms(max_lag),
         wheel_lateness: ledger.lateness(Path::Wheel),
         heap_lateness: ledger.lateness(Path::Heap),
+        wheel_server_lateness: ledger.server_lateness(Path::Wheel),
+        heap_server_lateness: ledger.server_lateness(Path::Heap),
     })
 }
 
@@ -476,7 +501,7 @@ mod tests {
         ledger.stop(0);
         let at = t0 + Duration::from_millis(8_700);
         assert_eq!(
-            ledger.expired(Some(0), "m1", at),
+            ledger.expired(Some(0), "m1", at, None),
             Verdict::InWindow(Duration::from_millis(700))
         );
         let counts = ledger.counts(at);
@@ -490,12 +515,12 @@ mod tests {
         let (mut ledger, t0) = ledger();
         ledger.acked(1, t0);
         assert_eq!(
-            ledger.expired(Some(1), "m1", t0 + Duration::from_secs(60)),
+            ledger.expired(Some(1), "m1", t0 + Duration::from_secs(60), None),
             Verdict::False
         );
         // A key that never got a heartbeat acknowledged cannot expire either.
         ledger.stop(2);
-        assert_eq!(ledger.expired(Some(2), "m2", t0), Verdict::False);
+        assert_eq!(ledger.expired(Some(2), "m2", t0, None), Verdict::False);
         assert_eq!(ledger.counts(t0).false_expirations, 2);
         assert!(!ledger.counts(t0).clean());
     }
@@ -506,22 +531,22 @@ mod tests {
         ledger.acked(1, t0);
         ledger.stop(1);
         // Heap path: deadline t0 + 4.5 s, grace 20 ms.
-        let early = ledger.expired(Some(1), "m1", t0 + Duration::from_millis(4_499));
+        let early = ledger.expired(Some(1), "m1", t0 + Duration::from_millis(4_499), None);
         assert_eq!(early, Verdict::Early(Duration::from_millis(1)));
         assert_eq!(
-            ledger.expired(Some(1), "m1", t0 + Duration::from_secs(5)),
+            ledger.expired(Some(1), "m1", t0 + Duration::from_secs(5), None),
             Verdict::Redelivery
         );
         assert_eq!(
-            ledger.expired(Some(1), "m2", t0 + Duration::from_secs(5)),
+            ledger.expired(Some(1), "m2", t0 + Duration::from_secs(5), None),
             Verdict::Duplicate
         );
         ledger.acked(0, t0);
         ledger.stop(0);
-        let late = ledger.expired(Some(0), "m3", t0 + Duration::from_millis(7_051));
+        let late = ledger.expired(Some(0), "m3", t0 + Duration::from_millis(7_051), None);
         assert_eq!(late, Verdict::Late(Duration::from_millis(1_051)));
-        assert_eq!(ledger.expired(None, "m4", t0), Verdict::Foreign);
-        assert_eq!(ledger.expired(Some(99), "m5", t0), Verdict::Foreign);
+        assert_eq!(ledger.expired(None, "m4", t0, None), Verdict::Foreign);
+        assert_eq!(ledger.expired(Some(99), "m5", t0, None), Verdict::Foreign);
         let counts = ledger.counts(t0);
         assert_eq!(
             (
@@ -555,7 +580,7 @@ mod tests {
         ledger.stop(1);
         let at = t0 + Duration::from_millis(4_600);
         assert!(matches!(
-            ledger.expired(Some(1), "m", at),
+            ledger.expired(Some(1), "m", at, None),
             Verdict::Early(_)
         ));
     }

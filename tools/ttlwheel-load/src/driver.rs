@@ -1,5 +1,11 @@
-//! Closed-loop load: `connections` keep-alive connections, each sending its next request as soon
-//! as the previous response is read (as `wrk` and `redis-benchmark` do).
+//! Load over `connections` keep-alive connections, closed loop or open loop.
+//!
+//! - Closed loop (no rate): each connection sends its next request as soon as the previous
+//!   response is read (as `wrk` and `redis-benchmark` do). Latency counts from the send, so a
+//!   server stall delays the requests that would have measured it (coordinated omission).
+//! - Open loop (`rate`): requests are due at fixed times, `rate` per second spread evenly over
+//!   the connections, and each one's latency counts from the time it was due, whether or not
+//!   the connection was free then (as `wrk2` does): a stall shows in full in the percentiles.
 //!
 //! Time is split into phases that the caller moves through (`Phases::set`): every request is
 //! counted and timed in the phase it started in, so one run yields e.g. "before the storm" and
@@ -69,7 +75,8 @@ pub struct Load {
 }
 
 impl Load {
-    /// Starts `connections` connections to `address`, counting into `n_phases` phases.
+    /// Starts `connections` connections to `address`, counting into `n_phases` phases; with a
+    /// `rate` (requests per second, all connections together), open loop.
     pub fn start(
         address: &str,
         connections: usize,
@@ -77,14 +84,20 @@ impl Load {
         phases: Arc<Phases>,
         workload: Arc<dyn Workload>,
         seed: u64,
+        rate: Option<f64>,
     ) -> Self {
+        let start = Instant::now();
         let tasks = (0..connections)
             .map(|index| {
                 let address = address.to_owned();
                 let phases = Arc::clone(&phases);
                 let workload = Arc::clone(&workload);
                 let rng = fastrand::Rng::with_seed(seed.wrapping_add(index as u64));
-                tokio::spawn(connection(address, n_phases, phases, workload, rng))
+                let schedule =
+                    rate.map(|rate| Schedule::of_connection(start, rate, index, connections));
+                tokio::spawn(connection(
+                    address, n_phases, phases, workload, rng, schedule,
+                ))
             })
             .collect();
         Self { tasks }
@@ -104,12 +117,41 @@ impl Load {
     }
 }
 
+/// When one connection's requests are due in an open-loop run: every `interval` from `first`.
+#[derive(Clone, Copy, Debug)]
+pub struct Schedule {
+    first: Instant,
+    interval: Duration,
+    sent: u32,
+}
+
+impl Schedule {
+    /// Connection `index` of `connections` sharing `rate` requests per second: each sends every
+    /// `connections / rate` seconds, the connections staggered evenly across that interval.
+    pub fn of_connection(start: Instant, rate: f64, index: usize, connections: usize) -> Self {
+        let interval = Duration::from_secs_f64(connections as f64 / rate);
+        Self {
+            first: start + interval.mul_f64(index as f64 / connections as f64),
+            interval,
+            sent: 0,
+        }
+    }
+
+    /// The time the next request is due, and moves on to the one after.
+    pub fn next_due(&mut self) -> Instant {
+        let due = self.first + self.interval * self.sent;
+        self.sent += 1;
+        due
+    }
+}
+
 async fn connection(
     address: String,
     n_phases: usize,
     phases: Arc<Phases>,
     workload: Arc<dyn Workload>,
     mut rng: fastrand::Rng,
+    mut schedule: Option<Schedule>,
 ) -> Vec<PhaseStats> {
     let mut stats = vec![PhaseStats::default(); n_phases];
     let mut request = Vec::with_capacity(64 * 1024);
@@ -123,6 +165,20 @@ async fn connection(
             tokio::time::sleep(Duration::from_millis(1)).await;
             continue;
         }
+        // Open loop: wait for the request's time; a request already due (the connection was
+        // busy) goes at once, its latency still counted from when it was due.
+        let due = match &mut schedule {
+            Some(schedule) => {
+                let due = schedule.next_due();
+                tokio::time::sleep_until(due).await;
+                if phases.get() == STOP {
+                    return stats;
+                }
+                Some(due)
+            }
+            None => None,
+        };
+        let phase = phases.get();
         let phase_stats = &mut stats[phase.min(n_phases - 1)];
         let Some(open) = connected(&mut conn, &address).await else {
             phase_stats.errors += 1;
@@ -131,7 +187,7 @@ async fn connection(
         };
         request.clear();
         let items = workload.request(&mut rng, &mut request);
-        let started = Instant::now();
+        let started = due.unwrap_or_else(Instant::now);
         match open.exchange(&request).await {
             Ok(response) => {
                 phase_stats.latencies.record(started.elapsed());
@@ -166,4 +222,27 @@ pub async fn one_request(address: &str, request: &[u8]) -> io::Result<(u16, Vec<
     let mut conn = Conn::connect(address).await?;
     let response = conn.exchange(request).await?;
     Ok((response.status, response.body.to_vec()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_open_loop_schedule_spreads_the_rate_over_the_connections() {
+        let start = Instant::now();
+        // 1,000 requests/s over 4 connections: each every 4 ms, staggered by 1 ms.
+        let mut schedules: Vec<Schedule> = (0..4)
+            .map(|index| Schedule::of_connection(start, 1_000.0, index, 4))
+            .collect();
+        let mut due: Vec<Duration> = Vec::new();
+        for _ in 0..3 {
+            for schedule in &mut schedules {
+                due.push(schedule.next_due() - start);
+            }
+        }
+        due.sort();
+        let expected: Vec<Duration> = (0..12).map(Duration::from_millis).collect();
+        assert_eq!(due, expected);
+    }
 }

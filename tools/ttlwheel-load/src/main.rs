@@ -2,7 +2,8 @@
 //!
 //! Modes:
 //! - `heartbeat`: single heartbeats on random keys over C keep-alive connections; req/s and
-//!   latency p50/p99/p999.
+//!   latency p50/p99/p999. Closed loop, or open loop with `--rate` (latency counted from each
+//!   request's scheduled time, as wrk2 does).
 //! - `batch`: the same through `POST /v1/heartbeats/batch`, B keys per request; heartbeats/s.
 //! - `soak`: K keys heartbeating every TTL/3 while some stop; every stopped key must expire
 //!   exactly once within its window and no other key ever (see [`soak`]).
@@ -99,6 +100,13 @@ struct LoadArgs {
     /// Do not register every key before the run (the run then creates keys as it goes).
     #[arg(long)]
     no_preload: bool,
+    /// Open loop: send this many requests per second in all, each at its scheduled time,
+    /// and count latency from that time (as wrk2 does). Without it the load is closed loop.
+    #[arg(long, value_parser = positive_rate)]
+    rate: Option<f64>,
+    /// Renew the keys in order, cycling, instead of at random.
+    #[arg(long)]
+    sequential: bool,
     #[arg(long, default_value = "load-", value_parser = workload::check_prefix)]
     prefix: String,
 }
@@ -195,8 +203,9 @@ async fn run(cli: Cli) -> Result<bool, String> {
                 prefix: args.prefix.clone(),
                 keys: args.keys,
                 ttl: args.ttl,
+                order: args.key_order(),
             });
-            closed_loop(&target, &args, workload, "heartbeat", cli.seed).await
+            run_load(&target, &args, workload, "heartbeat", cli.seed).await
         }
         Mode::Batch {
             load,
@@ -214,8 +223,9 @@ async fn run(cli: Cli) -> Result<bool, String> {
                 keys: load.keys,
                 ttl: load.ttl,
                 batch,
+                order: load.key_order(),
             });
-            closed_loop(&target, &load, workload, "batch", cli.seed).await
+            run_load(&target, &load, workload, "batch", cli.seed).await
         }
         Mode::Soak(args) => {
             let arrivals = start_receiver(&target, &args.receiver).await?;
@@ -347,18 +357,39 @@ async fn start_receiver(
     Ok(arrivals)
 }
 
-/// A single heartbeat on a random key.
+impl LoadArgs {
+    fn key_order(&self) -> workload::KeyOrder {
+        if self.sequential {
+            workload::KeyOrder::sequential()
+        } else {
+            workload::KeyOrder::Random
+        }
+    }
+}
+
+fn positive_rate(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(rate) if rate > 0.0 && rate.is_finite() => Ok(rate),
+        _ => Err(format!(
+            "{text:?} is not a positive number of requests per second"
+        )),
+    }
+}
+
+/// A single heartbeat on a key picked by `order`.
 pub struct SingleHeartbeats {
     pub host: String,
     pub prefix: String,
     pub keys: u64,
     pub ttl: Ttl,
+    pub order: workload::KeyOrder,
 }
 
 impl Workload for SingleHeartbeats {
     fn request(&self, rng: &mut fastrand::Rng, out: &mut Vec<u8>) -> u64 {
         let mut body = Vec::with_capacity(64);
-        workload::write_heartbeat(&mut body, &self.prefix, rng.u64(0..self.keys), self.ttl);
+        let key = self.order.next(rng, self.keys);
+        workload::write_heartbeat(&mut body, &self.prefix, key, self.ttl);
         wire::write_post_head(out, &self.host, "/v1/heartbeats", body.len());
         out.extend_from_slice(&body);
         1
@@ -369,7 +400,7 @@ impl Workload for SingleHeartbeats {
     }
 }
 
-/// A batch of heartbeats on random keys.
+/// A batch of heartbeats on keys picked by `order`.
 struct BatchHeartbeats {
     host: String,
     path: &'static str,
@@ -377,12 +408,13 @@ struct BatchHeartbeats {
     keys: u64,
     ttl: Ttl,
     batch: usize,
+    order: workload::KeyOrder,
 }
 
 impl Workload for BatchHeartbeats {
     fn request(&self, rng: &mut fastrand::Rng, out: &mut Vec<u8>) -> u64 {
         let mut body = Vec::with_capacity(self.batch * 40);
-        let keys = (0..self.batch).map(|_| (rng.u64(0..self.keys), self.ttl));
+        let keys = (0..self.batch).map(|_| (self.order.next(rng, self.keys), self.ttl));
         workload::write_batch(&mut body, &self.prefix, keys);
         wire::write_post_head(out, &self.host, self.path, body.len());
         out.extend_from_slice(&body);
@@ -451,8 +483,8 @@ pub async fn register(
     Ok(())
 }
 
-/// Runs a closed-loop mode: preload, warm up, measure, report.
-async fn closed_loop(
+/// Runs a load mode, closed or open loop (`--rate`): preload, warm up, measure, report.
+async fn run_load(
     target: &str,
     args: &LoadArgs,
     workload: Arc<dyn Workload>,
@@ -478,6 +510,7 @@ async fn closed_loop(
         Arc::clone(&phases),
         workload,
         seed,
+        args.rate,
     );
     tokio::time::sleep(args.warmup).await;
     phases.set(MEASURED);
@@ -487,7 +520,8 @@ async fn closed_loop(
     let took = started.elapsed();
     let stats = load.finish().await;
     let measured = &stats[MEASURED];
-    let outcome = ClosedLoopOutcome {
+    let outcome = LoadOutcome {
+        rate: args.rate,
         connections: args.connections,
         seconds: took.as_secs_f64(),
         requests: measured.requests,
@@ -497,17 +531,28 @@ async fn closed_loop(
         errors: measured.errors,
         latency: measured.latencies.summary(),
     };
+    let looped = match args.rate {
+        Some(rate) => format!("open loop at {rate:.0} req/s"),
+        None => "closed loop".to_owned(),
+    };
     println!(
-        "{mode}: {} connections, {:.1} s: {:.0} req/s, {:.0} heartbeats/s, {} errors, {} failed heartbeats",
+        "{mode}: {looped}, {} connections, {:.1} s: {:.0} req/s, {:.0} heartbeats/s, {} errors, {} failed heartbeats",
         outcome.connections, outcome.seconds, outcome.requests_per_s, outcome.heartbeats_per_s, outcome.errors, outcome.failed_heartbeats
     );
-    println!("{mode}: latency {}", outcome.latency);
+    let counted_from = if args.rate.is_some() {
+        "from each request's scheduled time"
+    } else {
+        "from each send"
+    };
+    println!("{mode}: latency ({counted_from}) {}", outcome.latency);
     print_result(mode, &outcome);
     Ok(outcome.errors == 0 && outcome.failed_heartbeats == 0)
 }
 
 #[derive(Debug, serde::Serialize)]
-struct ClosedLoopOutcome {
+struct LoadOutcome {
+    /// Requests per second scheduled (open loop), or `None` (closed loop).
+    rate: Option<f64>,
     connections: usize,
     seconds: f64,
     requests: u64,

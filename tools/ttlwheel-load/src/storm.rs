@@ -126,8 +126,10 @@ pub async fn run(
             prefix: live_prefix.clone(),
             keys: settings.live_keys,
             ttl: settings.live_ttl,
+            order: crate::workload::KeyOrder::Random,
         }),
         settings.seed,
+        None,
     );
     let baseline_started = Instant::now();
     tokio::time::sleep(settings.baseline).await;

@@ -167,3 +167,29 @@ mod tests {
         assert!(failed_positions(full).is_err());
     }
 }
+
+/// How a load picks the key of each heartbeat among `0..keys`.
+#[derive(Debug, Default)]
+pub enum KeyOrder {
+    /// At random (each connection with its own seeded generator).
+    #[default]
+    Random,
+    /// In order, cycled, shared by every connection: at R heartbeats/s each of K keys is
+    /// renewed every K/R seconds exactly.
+    Sequential(std::sync::atomic::AtomicU64),
+}
+
+impl KeyOrder {
+    pub fn sequential() -> Self {
+        Self::Sequential(std::sync::atomic::AtomicU64::new(0))
+    }
+
+    pub fn next(&self, rng: &mut fastrand::Rng, keys: u64) -> u64 {
+        match self {
+            Self::Random => rng.u64(0..keys),
+            Self::Sequential(next) => {
+                next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % keys
+            }
+        }
+    }
+}

@@ -12,7 +12,8 @@
 //! Two-thread runs share one structure; the single-threaded baselines are wrapped in a
 //! `parking_lot::Mutex`, which is what a user would do.
 //!
-//! Run: `cargo bench --bench expiry` (all), or filter, e.g. `cargo bench --bench expiry -- renew/1M`.
+//! Run: `cargo bench --bench expiry` (all), or filter, e.g. `cargo bench --bench expiry -- renew/1M`;
+//! `TTLWHEEL_BENCH_SUBJECTS=ttlwheel-wheel,dashmap+bucket-sets` builds only those structures.
 //! `benches/summarize.py` turns the results into the table in BENCHMARKS.md.
 
 use std::cmp::Reverse;
@@ -480,6 +481,13 @@ fn run_renewals(
     elapsed
 }
 
+/// Whether `TTLWHEEL_BENCH_SUBJECTS` (comma-separated structure names; all when unset) names
+/// the structure.
+fn wanted(name: &str) -> bool {
+    std::env::var("TTLWHEEL_BENCH_SUBJECTS")
+        .map_or(true, |names| names.split(',').any(|wanted| wanted == name))
+}
+
 fn renew(c: &mut Criterion) {
     for (n, label) in sizes() {
         let keys = keys(n);
@@ -490,6 +498,9 @@ fn renew(c: &mut Criterion) {
         group.warm_up_time(Duration::from_millis(500));
         group.measurement_time(Duration::from_secs(2));
         for (name, make) in subjects(&keys) {
+            if !wanted(name) {
+                continue; // not even built: a 10M-key structure takes a while to fill
+            }
             let subject: Arc<dyn Subject> = Arc::from(make());
             let mut now_us = 0;
             for threads in [1, 2] {

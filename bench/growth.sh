@@ -23,7 +23,7 @@ TARGET="127.0.0.1:$PORT"
 . bench/lib.sh
 
 rm -rf "$OUT/data"
-"$SERVER" --listen "$TARGET" --data-dir "$OUT/data" >"$OUT/server.log" 2>&1 &
+"$SERVER" --listen "$TARGET" ${SERVER_ARGS:---data-dir $OUT/data} >"$OUT/server.log" 2>&1 &
 PID=$!
 until curl -sf "http://$TARGET/healthz" >/dev/null 2>&1; do sleep 0.01; done
 

@@ -22,10 +22,9 @@ LOAD=target/release/ttlwheel-load
 TARGET="127.0.0.1:$PORT"
 . bench/lib.sh
 
-rm -rf "$OUT/data"
-"$SERVER" --listen "$TARGET" ${SERVER_ARGS:---data-dir $OUT/data} >"$OUT/server.log" 2>&1 &
-PID=$!
-until curl -sf "http://$TARGET/healthz" >/dev/null 2>&1; do sleep 0.01; done
+# SERVER_ARGS replaces the flags (e.g. --ephemeral, to compare).
+# shellcheck disable=SC2086
+serve ${SERVER_ARGS:---data-dir $OUT/data}
 
 # The sampler's 1,000 keys are registered by its own preload; its measured run starts after a
 # 1 s warm-up, as the growth starts.

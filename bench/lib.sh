@@ -8,3 +8,16 @@ trap stop EXIT
 
 # The median of the numbers on stdin, one per line.
 median() { sort -g | awk '{a[NR]=$1} END {if (NR) print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+
+# Starts $SERVER on $TARGET with the given flags, its log appended to $OUT/server.log, and waits
+# until it answers /healthz; `stop` stops it. $OUT/data is emptied first (pass
+# `--data-dir "$OUT/data"` for persistence on, as a user runs it).
+serve() {
+  rm -rf "$OUT/data"
+  "$SERVER" --listen "$TARGET" "$@" >>"$OUT/server.log" 2>&1 &
+  PID=$!
+  until curl -sf "http://$TARGET/healthz" >/dev/null 2>&1; do sleep 0.01; done
+}
+
+# Resident memory of process $1, in KiB.
+rss_kb() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }

@@ -21,12 +21,8 @@ SERVER=target/release/ttlwheel
 LOAD=target/release/ttlwheel-load
 TARGET="127.0.0.1:$PORT"
 . bench/lib.sh
-rss_kb() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 
-rm -rf "$OUT/data"
-"$SERVER" --listen "$TARGET" --data-dir "$OUT/data" >"$OUT/server.log" 2>&1 &
-PID=$!
-until curl -sf "http://$TARGET/healthz" >/dev/null 2>&1; do sleep 0.01; done
+serve --data-dir "$OUT/data"
 rss0=$(rss_kb "$PID")
 "$LOAD" --target "$TARGET" batch --keys "$KEYS" --prefix key: --ttl "${TTL_S}s" \
   --warmup 0s --duration 0s >"$OUT/ttlwheel.log" 2>&1 || true

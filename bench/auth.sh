@@ -21,12 +21,7 @@ LOAD=target/release/ttlwheel-load
 TARGET="127.0.0.1:$PORT"
 . bench/lib.sh
 
-start() {
-  rm -rf "$OUT/data"
-  "$SERVER" --listen "$TARGET" --data-dir "$OUT/data" "$@" >>"$OUT/server.log" 2>&1 &
-  PID=$!
-  until curl -sf "http://$TARGET/healthz" >/dev/null 2>&1; do sleep 0.01; done
-}
+start() { serve --data-dir "$OUT/data" "$@"; }
 
 # A token with a heartbeat scope narrowed to the load's key prefix (the common production shape).
 minted=$("$SERVER" token new --id load --scope "heartbeat:prefix=load-" --description bench)

@@ -120,10 +120,9 @@ impl LastSecond {
             if self.start_ms() + group as u64 + 1 > now_ms {
                 break;
             }
-            if group != self.next {
-                self.next = group;
-                self.offset = 0;
-            }
+            // Groups before it are empty; a group part-processed would still be the first.
+            debug_assert!(group == self.next || self.offset == 0);
+            self.next = group;
             let elements = &self.groups[group];
             let end = elements.len().min(self.offset + (max - taken));
             out.extend_from_slice(&elements[self.offset..end]);

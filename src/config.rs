@@ -101,6 +101,14 @@ pub struct Config {
           value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub webhook_concurrency: u16,
 
+    /// Most events per webhook request (1..=1000). 1 (the default) sends each event as its
+    /// own signed request; above 1, one signed request carries up to this many events of one
+    /// URL as `{"type": "batch", ...}` (see README, "Batched webhooks"), and a failed batch is
+    /// retried whole under the same `webhook-id`.
+    #[arg(long, env = "TTLWHEEL_WEBHOOK_BATCH_MAX", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub webhook_batch_max: u16,
+
     /// Attempts per event before it becomes a dead letter (1..=100).
     #[arg(long, env = "TTLWHEEL_WEBHOOK_MAX_ATTEMPTS", default_value_t = 8,
           value_parser = clap::value_parser!(u32).range(1..=100))]
@@ -447,6 +455,7 @@ impl Config {
             events,
             timeout: self.webhook_timeout,
             concurrency: usize::from(self.webhook_concurrency),
+            batch_max: usize::from(self.webhook_batch_max),
             max_attempts: self.webhook_max_attempts,
             retry_schedule: self.webhook_retry_schedule.clone(),
             queue_max: self.webhook_queue_max as usize,

@@ -22,6 +22,7 @@ pub struct WebhooksResponse {
     signed: bool,
     timeout_ms: u64,
     concurrency: usize,
+    batch_max: usize,
     max_attempts: u32,
     retry_schedule_ms: Vec<u64>,
     queue_max: usize,
@@ -37,6 +38,8 @@ struct WebhookView {
     paused_for_ms: Option<u64>,
     consecutive_failures: u32,
     delivered: u64,
+    /// Requests that carried the delivered events (fewer with `--webhook-batch-max` above 1).
+    delivered_requests: u64,
     failed: u64,
     failed_attempts: u64,
     pending: usize,
@@ -79,6 +82,7 @@ impl From<EndpointStatus> for WebhookView {
             paused_for_ms: status.paused_for_ms,
             consecutive_failures: status.consecutive_failures,
             delivered: status.counters.delivered,
+            delivered_requests: status.counters.requests,
             failed: status.counters.failed,
             failed_attempts: status.counters.failed_attempts,
             pending: status.pending,
@@ -117,6 +121,7 @@ pub async fn webhooks_status(State(state): State<AppState>) -> Json<WebhooksResp
         signed: settings.secret.is_some(),
         timeout_ms: settings.timeout.as_millis() as u64,
         concurrency: settings.concurrency,
+        batch_max: settings.batch_max,
         max_attempts: settings.max_attempts,
         retry_schedule_ms: settings
             .retry_schedule

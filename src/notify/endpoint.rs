@@ -31,8 +31,8 @@ use tokio::time::{sleep_until, Instant};
 use super::backoff;
 use super::dead_letters::{DeadLetters, NewLetter};
 use super::health::Health;
-use super::message::Message;
-use super::outbox::{Full, Job, Outbox, Pending};
+use super::message::{Message, MessageIds};
+use super::outbox::{Batching, Full, Job, Outbox, Pending};
 use super::transport::{unix_now_ms, Outcome, Sender};
 use crate::persist::journal::Journal;
 use crate::persist::record::{Record, WebhookMessage};
@@ -43,6 +43,10 @@ pub(super) struct Delivery {
     /// Sends one attempt (shared with the attempt tasks).
     pub sender: Arc<Sender>,
     pub concurrency: usize,
+    /// Most events per request (1: each event on its own, under its own id).
+    pub batch_max: usize,
+    /// Mints the ids of batches.
+    pub batch_ids: MessageIds,
     pub max_attempts: u32,
     pub retry_schedule: Vec<Duration>,
     pub dead_letters: Arc<DeadLetters>,
@@ -55,6 +59,8 @@ pub(super) struct Delivery {
 pub struct Counters {
     /// Events delivered (a 2xx answer).
     pub delivered: u64,
+    /// Requests that delivered them (fewer than `delivered` with batching).
+    pub requests: u64,
     /// Events given up on: moved to the dead letters.
     pub failed: u64,
     /// Attempts that failed (each retry counts).
@@ -274,10 +280,9 @@ impl Endpoint {
         let mut running: HashMap<tokio::task::Id, Job> = HashMap::new();
         let mut drain_until: Option<Instant> = None;
         loop {
-            let (jobs, next_retry, empty) = self.next_jobs(delivery.concurrency - running.len());
+            let (jobs, next_retry, empty) = self.next_jobs(&delivery, running.len());
             for job in jobs {
-                let attempt = Arc::clone(&delivery.sender)
-                    .attempt(self.url.clone(), Arc::clone(&job.message));
+                let attempt = Arc::clone(&delivery.sender).attempt(self.url.clone(), job.clone());
                 running.insert(attempts.spawn(attempt).id(), job);
             }
             if drain_until.is_some() && empty {
@@ -309,19 +314,23 @@ impl Endpoint {
         self.state.lock().outbox.len()
     }
 
-    /// Jobs to start (none while gone or paused), when to look again, and whether nothing is
-    /// held.
-    fn next_jobs(&self, free: usize) -> (Vec<Job>, Option<Instant>, bool) {
+    /// Jobs to start (none while gone or paused) with `running` requests in flight, when to
+    /// look again, and whether nothing is held.
+    fn next_jobs(&self, delivery: &Delivery, running: usize) -> (Vec<Job>, Option<Instant>, bool) {
         let now = Instant::now();
         let mut state = self.state.lock();
-        let allowance = state
-            .health
-            .allowance(now)
-            .saturating_sub(state.outbox.in_flight());
+        // The health allowance and the concurrency count requests, not the events they carry.
+        let allowance = state.health.allowance(now).saturating_sub(running);
+        let free = delivery.concurrency.saturating_sub(running);
         let jobs = if state.gone || allowance == 0 {
             Vec::new()
         } else {
-            state.outbox.take_jobs(now, free.min(allowance))
+            let mut mint = || Arc::from(delivery.batch_ids.next());
+            let batching = Batching {
+                max: delivery.batch_max,
+                mint: &mut mint,
+            };
+            state.outbox.take_jobs(now, free.min(allowance), batching)
         };
         // Nothing starts before a pause ends, so its end is the next time to look.
         let paused_until = state.health.paused_until(now);
@@ -329,8 +338,9 @@ impl Endpoint {
         (jobs, wake, state.outbox.is_empty())
     }
 
+    /// Settles every event of `job` as its request ended: a batch is delivered, retried or
+    /// given up whole.
     fn settle(&self, job: Job, outcome: Outcome, delivery: &Delivery) {
-        let key = &job.message.event.key;
         let now_ms = unix_now_ms();
         let mut given_up: Vec<(Pending, String)> = Vec::new();
         let delivered = matches!(outcome, Outcome::Delivered);
@@ -340,19 +350,24 @@ impl Endpoint {
                 if state.health.succeeded() {
                     tracing::warn!(url = %self.shown_url, "webhook receiver answers again: deliveries resume");
                 }
-                state.outbox.delivered(key);
-                state.counters.delivered += 1;
+                for key in job.keys() {
+                    state.outbox.delivered(key);
+                }
+                state.counters.delivered += job.messages.len() as u64;
+                state.counters.requests += 1;
                 state.last_delivered_at_ms = Some(now_ms);
             }
             Outcome::Gone(error) => {
                 self.note_failure(&mut state, &job, &error, now_ms);
                 if !state.gone {
                     state.gone = true;
-                    tracing::error!(url = %self.shown_url, event_id = %job.message.id,
+                    tracing::error!(url = %self.shown_url, webhook_id = %job.webhook_id(),
                         "webhook receiver answered 410 Gone: delivery to this URL is STOPPED; \
                          its pending events move to the dead letters");
                 }
-                given_up.extend(state.outbox.given_up(key).map(|p| (p, error)));
+                for key in job.keys() {
+                    given_up.extend(state.outbox.given_up(key).map(|p| (p, error.clone())));
+                }
                 let idle = state.outbox.drain_idle();
                 if !idle.is_empty() {
                     tracing::error!(url = %self.shown_url, events = idle.len(),
@@ -386,26 +401,29 @@ impl Endpoint {
                     }
                 }
                 if state.gone || job.attempt >= delivery.max_attempts {
-                    tracing::error!(url = %self.shown_url, event_id = %job.message.id, key = %key,
+                    tracing::error!(url = %self.shown_url, webhook_id = %job.webhook_id(),
+                        events = job.messages.len(), first_key = %job.messages[0].event.key,
                         attempts = job.attempt, %error,
-                        "webhook delivery failed for good; kept as a dead letter");
-                    given_up.extend(state.outbox.given_up(key).map(|p| (p, error)));
+                        "webhook delivery failed for good; kept as dead letters");
+                    for key in job.keys() {
+                        given_up.extend(state.outbox.given_up(key).map(|p| (p, error.clone())));
+                    }
                 } else {
                     let wait = retry_after.unwrap_or_else(|| {
                         backoff::delay(&delivery.retry_schedule, job.attempt, fastrand::f64())
                     });
-                    state.outbox.retry_at(key, now + wait);
+                    state.outbox.retry_at(&job, now + wait);
                 }
             }
         }
         state.counters.failed += given_up.len() as u64;
         if let Some(journal) = delivery.journal.get() {
-            let mut records = Vec::with_capacity(given_up.len() + 1);
+            let mut records = Vec::with_capacity(given_up.len() + job.messages.len());
             if delivered {
-                records.push(Record::WebhookDone {
+                records.extend(job.messages.iter().map(|message| Record::WebhookDone {
                     url: self.shown_url.clone(),
-                    id: job.message.id.to_string(),
-                });
+                    id: message.id.to_string(),
+                }));
             }
             for (pending, last_error) in &given_up {
                 records.push(Record::DeadLetter {
@@ -434,14 +452,13 @@ impl Endpoint {
         state.counters.failed_attempts += 1;
         state.last_error = Some(LastError {
             at_ms: now_ms,
-            event_id: job.message.id.clone(),
+            event_id: job.webhook_id().into(),
             message: error.to_owned(),
         });
-        tracing::debug!(url = %self.shown_url, event_id = %job.message.id, attempt = job.attempt, %error,
+        tracing::debug!(url = %self.shown_url, webhook_id = %job.webhook_id(), attempt = job.attempt, %error,
             "webhook attempt failed");
     }
 }
-
 /// `url` with its password, if any, replaced by `***`.
 fn redacted(url: &Url) -> String {
     let mut shown = url.clone();

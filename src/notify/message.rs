@@ -44,26 +44,73 @@ pub struct Payload<'a> {
     data: EventData<'a>,
 }
 
+/// The `type` of a batch's body.
+pub const BATCH_TYPE: &str = "batch";
+
+/// The body of a batch (`--webhook-batch-max` above 1), sent at Unix time `sent_at_ms`:
+/// `{"type": "batch", "timestamp", "data": {"events": [{"id", "type", "timestamp", "data"}...]}}`.
+/// Each event is the body it would have had alone plus its own `id`, which stays the same
+/// whatever batch carries it: receivers deduplicate events on it.
+pub fn batch_body(messages: &[std::sync::Arc<Message>], sent_at_ms: u64) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Batch<'a> {
+        r#type: &'static str,
+        timestamp: Rfc3339,
+        data: BatchData<'a>,
+    }
+    #[derive(Serialize)]
+    struct BatchData<'a> {
+        events: Vec<BatchedEvent<'a>>,
+    }
+    #[derive(Serialize)]
+    struct BatchedEvent<'a> {
+        id: &'a str,
+        #[serde(flatten)]
+        payload: Payload<'a>,
+    }
+    let batch = Batch {
+        r#type: BATCH_TYPE,
+        timestamp: rfc3339(sent_at_ms),
+        data: BatchData {
+            events: messages
+                .iter()
+                .map(|message| BatchedEvent {
+                    id: &message.id,
+                    payload: message.payload(),
+                })
+                .collect(),
+        },
+    };
+    serde_json::to_vec(&batch).expect("a batch always serializes")
+}
+
 /// Hands out message ids.
 #[derive(Debug)]
 pub struct MessageIds {
+    prefix: &'static str,
     nonce: u64,
     next: AtomicU64,
 }
 
 impl Default for MessageIds {
     fn default() -> Self {
-        Self {
-            nonce: fastrand::u64(..) & 0xffff_ffff_ffff,
-            next: AtomicU64::new(1),
-        }
+        Self::with_prefix("msg_")
     }
 }
 
 impl MessageIds {
+    /// Ids that start with `prefix` (`msg_` for events, `batch_` for batches).
+    pub fn with_prefix(prefix: &'static str) -> Self {
+        Self {
+            prefix,
+            nonce: fastrand::u64(..) & 0xffff_ffff_ffff,
+            next: AtomicU64::new(1),
+        }
+    }
+
     pub fn next(&self) -> Box<str> {
         let sequence = self.next.fetch_add(1, Ordering::Relaxed);
-        format!("msg_{:012x}{sequence:010x}", self.nonce).into_boxed_str()
+        format!("{}{:012x}{sequence:010x}", self.prefix, self.nonce).into_boxed_str()
     }
 }
 

@@ -61,6 +61,8 @@ pub struct Settings {
     pub timeout: Duration,
     /// Attempts in flight per URL.
     pub concurrency: usize,
+    /// Most events per request (1: one event per request, as itself).
+    pub batch_max: usize,
     /// Attempts per event before it becomes a dead letter.
     pub max_attempts: u32,
     /// Waits between attempts (see [`backoff`]).
@@ -141,6 +143,8 @@ impl Notifier {
                 timeout: settings.timeout,
             }),
             concurrency: settings.concurrency,
+            batch_max: settings.batch_max.max(1),
+            batch_ids: MessageIds::with_prefix("batch_"),
             max_attempts: settings.max_attempts,
             retry_schedule: settings.retry_schedule.clone(),
             dead_letters,

@@ -5,14 +5,18 @@
 //!   after the previous head was settled (delivered or given up), so a URL receives one key's
 //!   events in the order they happened, retries included.
 //! - Every lane is in exactly one state: `Ready` (its key is queued in `ready`), `InFlight` (one
-//!   attempt outstanding) or `Waiting` (its key is in `waiting` with a retry time).
+//!   attempt outstanding) or `Waiting` (its key is in one failed job's retry, in `waiting` or,
+//!   once due, in `ready`).
+//! - A job is one request: a single event, or a *batch* of heads of distinct lanes. A failed
+//!   job is retried whole: the same events, under the same batch id, so a receiver that
+//!   deduplicates on `webhook-id` sees each batch once.
 //! - `len` counts every event held, the ones in flight included, and never exceeds `capacity`:
 //!   [`Outbox::push`] refuses past it and the caller counts what it refused.
 //! - A failing key holds back only its own later events; other keys keep flowing.
 //!
 //! Pure: time comes in as arguments, so the tests drive it without a clock or a network.
 
-use std::cmp::Reverse;
+use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
 
@@ -31,12 +35,97 @@ pub struct Pending {
     arrival: u64,
 }
 
-/// One attempt to make now.
+/// One request to make now: one event, or a batch of events of distinct keys.
 #[derive(Clone, Debug)]
 pub struct Job {
-    pub message: Arc<Message>,
-    /// 1 for the first attempt.
+    /// A batch's `webhook-id`, repeated by every retry of the batch; `None` for a single event
+    /// sent as itself, under its own id (no batching).
+    pub batch_id: Option<Arc<str>>,
+    /// Heads of distinct lanes, oldest first.
+    pub messages: Vec<Arc<Message>>,
+    /// 1 for the first attempt; for a batch whose events were held with different counts
+    /// (restored from the log), the highest.
     pub attempt: u32,
+}
+
+impl Job {
+    /// A job of `heads` (event and its attempt number), or none if there is no head.
+    fn of(
+        batch_id: Option<Arc<str>>,
+        heads: impl IntoIterator<Item = (Arc<Message>, u32)>,
+    ) -> Option<Self> {
+        let mut attempt = 0;
+        let messages: Vec<Arc<Message>> = heads
+            .into_iter()
+            .map(|(message, attempts)| {
+                attempt = attempt.max(attempts);
+                message
+            })
+            .collect();
+        (!messages.is_empty()).then_some(Self {
+            batch_id,
+            messages,
+            attempt,
+        })
+    }
+
+    /// The `webhook-id` this job's request carries: the batch's, or the single event's.
+    pub fn webhook_id(&self) -> &str {
+        self.batch_id
+            .as_deref()
+            .unwrap_or_else(|| &self.messages[0].id)
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = &Key> {
+        self.messages.iter().map(|message| &message.event.key)
+    }
+}
+
+/// How [`Outbox::take_jobs`] groups ready events into requests.
+pub struct Batching<'a> {
+    /// Most events per request; 1 sends each event as itself.
+    pub max: usize,
+    /// A fresh batch id (only called when `max > 1`).
+    pub mint: &'a mut dyn FnMut() -> Arc<str>,
+}
+
+/// Something that can be sent now.
+#[derive(Debug)]
+enum Ready {
+    /// A lane whose head can go (in a new job).
+    Lane(Key),
+    /// A failed job whose retry time has come.
+    Retry(Retry),
+}
+
+/// A failed job waiting to be tried again, whole.
+#[derive(Debug)]
+struct Retry {
+    at: Instant,
+    /// The oldest event's arrival: ties in retry time go in arrival order.
+    arrival: u64,
+    keys: Vec<Key>,
+    batch_id: Option<Arc<str>>,
+}
+
+impl PartialEq for Retry {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Retry {}
+
+impl PartialOrd for Retry {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Retry {
+    fn cmp(&self, other: &Self) -> Ordering {
+        (self.at, self.arrival).cmp(&(other.at, other.arrival))
+    }
 }
 
 /// The outbox is at capacity; the event was not taken.
@@ -60,10 +149,11 @@ struct Lane {
 #[derive(Debug)]
 pub struct Outbox {
     lanes: HashMap<Key, Lane, foldhash::fast::RandomState>,
-    /// Keys whose head can be sent now, in the order they became ready.
-    ready: VecDeque<Key>,
-    /// Keys waiting to retry their head, soonest first (ties in arrival order).
-    waiting: BinaryHeap<Reverse<(Instant, u64, Key)>>,
+    /// What can be sent now, in the order it became ready: lanes whose head can go, and
+    /// failed jobs whose retry time has come.
+    ready: VecDeque<Ready>,
+    /// Failed jobs waiting to retry, soonest first.
+    waiting: BinaryHeap<Reverse<Retry>>,
     /// When each held event arrived, by arrival number: the first entry is the oldest.
     arrived_at: BTreeMap<u64, Instant>,
     next_arrival: u64,
@@ -115,9 +205,10 @@ impl Outbox {
         self.arrived_at.values().next().copied()
     }
 
-    /// The earliest retry time, if any lane waits on one.
+    /// The earliest retry time still to come, if any job waits on one (a due one waits only
+    /// for room in flight, which the caller tracks).
     pub fn next_retry_at(&self) -> Option<Instant> {
-        self.waiting.peek().map(|Reverse((at, _, _))| *at)
+        self.waiting.peek().map(|Reverse(retry)| retry.at)
     }
 
     /// Queues `message` behind the earlier events of its key, with `attempts` already made.
@@ -145,43 +236,69 @@ impl Outbox {
                         state: LaneState::Ready,
                     },
                 );
-                self.ready.push_back(key);
+                self.ready.push_back(Ready::Lane(key));
             }
         }
         Ok(())
     }
 
-    /// Up to `limit` attempts to start now: lanes whose retry time has come rejoin the ready
-    /// queue first, then ready lanes go in flight in the order they became ready.
-    pub fn take_jobs(&mut self, now: Instant, limit: usize) -> Vec<Job> {
-        while let Some(Reverse((at, _, _))) = self.waiting.peek() {
-            if *at > now {
-                break;
-            }
-            let Reverse((_, _, key)) = self.waiting.pop().expect("peeked");
-            if let Some(lane) = self.lanes.get_mut(&key) {
-                lane.state = LaneState::Ready;
-                self.ready.push_back(key);
-            }
+    /// Up to `limit` requests to start now, in the order their events became ready: failed
+    /// jobs whose retry time has come rejoin that order whole (behind what was ready before
+    /// them, so a URL that keeps failing one job still tries the others), and runs of ready
+    /// lanes become new jobs of up to `batching.max` events.
+    pub fn take_jobs(&mut self, now: Instant, limit: usize, batching: Batching<'_>) -> Vec<Job> {
+        while self
+            .waiting
+            .peek()
+            .is_some_and(|Reverse(retry)| retry.at <= now)
+        {
+            let Reverse(retry) = self.waiting.pop().expect("peeked");
+            self.ready.push_back(Ready::Retry(retry));
         }
         let mut jobs = Vec::with_capacity(limit.min(self.ready.len()));
         while jobs.len() < limit {
-            let Some(key) = self.ready.pop_front() else {
-                break;
-            };
-            let Some(lane) = self.lanes.get_mut(&key) else {
-                continue;
-            };
-            let head = lane.events.front_mut().expect("a lane is never empty");
-            head.attempts += 1;
-            lane.state = LaneState::InFlight;
-            self.in_flight += 1;
-            jobs.push(Job {
-                message: Arc::clone(&head.message),
-                attempt: head.attempts,
-            });
+            match self.ready.pop_front() {
+                None => break,
+                Some(Ready::Retry(retry)) => {
+                    let heads = retry
+                        .keys
+                        .iter()
+                        .filter_map(|key| self.start_head(key, LaneState::Waiting))
+                        .collect::<Vec<_>>();
+                    jobs.extend(Job::of(retry.batch_id, heads));
+                }
+                Some(Ready::Lane(key)) => {
+                    let mut heads: Vec<_> = self
+                        .start_head(&key, LaneState::Ready)
+                        .into_iter()
+                        .collect();
+                    while heads.len() < batching.max {
+                        let Some(Ready::Lane(_)) = self.ready.front() else {
+                            break;
+                        };
+                        let Some(Ready::Lane(key)) = self.ready.pop_front() else {
+                            unreachable!("just looked");
+                        };
+                        heads.extend(self.start_head(&key, LaneState::Ready));
+                    }
+                    if !heads.is_empty() {
+                        let batch_id = (batching.max > 1).then(|| (batching.mint)());
+                        jobs.extend(Job::of(batch_id, heads));
+                    }
+                }
+            }
         }
         jobs
+    }
+
+    /// Sends the head of `key`'s lane if the lane is in state `from`: one more attempt.
+    fn start_head(&mut self, key: &Key, from: LaneState) -> Option<(Arc<Message>, u32)> {
+        let lane = self.lanes.get_mut(key).filter(|lane| lane.state == from)?;
+        let head = lane.events.front_mut().expect("a lane is never empty");
+        head.attempts += 1;
+        lane.state = LaneState::InFlight;
+        self.in_flight += 1;
+        Some((Arc::clone(&head.message), head.attempts))
     }
 
     /// The in-flight head of `key`'s lane was delivered.
@@ -194,16 +311,28 @@ impl Outbox {
         self.settle_head(key)
     }
 
-    /// The in-flight head of `key`'s lane failed and is to be tried again at `at`.
-    pub fn retry_at(&mut self, key: &Key, at: Instant) {
-        let Some(lane) = self.lanes.get_mut(key) else {
-            return;
-        };
-        debug_assert_eq!(lane.state, LaneState::InFlight);
-        lane.state = LaneState::Waiting;
-        self.in_flight -= 1;
-        let arrival = lane.events.front().map_or(0, |head| head.arrival);
-        self.waiting.push(Reverse((at, arrival, key.clone())));
+    /// `job` failed and is to be tried again, whole, at `at`.
+    pub fn retry_at(&mut self, job: &Job, at: Instant) {
+        let mut keys = Vec::with_capacity(job.messages.len());
+        let mut arrival = u64::MAX;
+        for key in job.keys() {
+            let Some(lane) = self.lanes.get_mut(key) else {
+                continue;
+            };
+            debug_assert_eq!(lane.state, LaneState::InFlight);
+            lane.state = LaneState::Waiting;
+            self.in_flight -= 1;
+            arrival = arrival.min(lane.events.front().map_or(0, |head| head.arrival));
+            keys.push(key.clone());
+        }
+        if !keys.is_empty() {
+            self.waiting.push(Reverse(Retry {
+                at,
+                arrival,
+                keys,
+                batch_id: job.batch_id.clone(),
+            }));
+        }
     }
 
     /// Takes out every event that is not in flight (when a URL is gone): they go to the dead
@@ -236,7 +365,7 @@ impl Outbox {
             self.lanes.remove(key);
         } else {
             lane.state = LaneState::Ready;
-            self.ready.push_back(key.clone());
+            self.ready.push_back(Ready::Lane(key.clone()));
         }
         Some(head)
     }
@@ -270,8 +399,41 @@ mod tests {
         })
     }
 
+    /// The event ids of `jobs`, in order.
     fn ids(jobs: &[Job]) -> Vec<&str> {
-        jobs.iter().map(|job| &*job.message.id).collect()
+        jobs.iter()
+            .flat_map(|job| job.messages.iter().map(|message| &*message.id))
+            .collect()
+    }
+
+    /// Up to `limit` single-event jobs.
+    fn take(outbox: &mut Outbox, now: Instant, limit: usize) -> Vec<Job> {
+        let mut mint = || -> Arc<str> { unreachable!("no batch ids without batching") };
+        outbox.take_jobs(
+            now,
+            limit,
+            Batching {
+                max: 1,
+                mint: &mut mint,
+            },
+        )
+    }
+
+    /// Up to `limit` jobs of up to `max` events, with batch ids `batch_1`, `batch_2`...
+    fn take_batched(outbox: &mut Outbox, now: Instant, limit: usize, max: usize) -> Vec<Job> {
+        static MINTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let mut mint = || -> Arc<str> {
+            let n = MINTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            format!("batch_{n}").into()
+        };
+        outbox.take_jobs(
+            now,
+            limit,
+            Batching {
+                max,
+                mint: &mut mint,
+            },
+        )
     }
 
     fn key(text: &str) -> Key {
@@ -285,13 +447,13 @@ mod tests {
         outbox.push(message("a", 1), 0, now).unwrap();
         outbox.push(message("a", 2), 0, now).unwrap();
         outbox.push(message("b", 3), 0, now).unwrap();
-        assert_eq!(ids(&outbox.take_jobs(now, 10)), ["msg_1", "msg_3"]);
+        assert_eq!(ids(&take(&mut outbox, now, 10)), ["msg_1", "msg_3"]);
         assert!(
-            outbox.take_jobs(now, 10).is_empty(),
+            take(&mut outbox, now, 10).is_empty(),
             "a's second waits for its first"
         );
         outbox.delivered(&key("a"));
-        assert_eq!(ids(&outbox.take_jobs(now, 10)), ["msg_2"]);
+        assert_eq!(ids(&take(&mut outbox, now, 10)), ["msg_2"]);
         assert_eq!((outbox.len(), outbox.in_flight()), (2, 2));
     }
 
@@ -302,16 +464,14 @@ mod tests {
         outbox.push(message("a", 1), 0, now).unwrap();
         outbox.push(message("a", 2), 0, now).unwrap();
         outbox.push(message("b", 3), 0, now).unwrap();
-        outbox.take_jobs(now, 10);
-        outbox.retry_at(&key("a"), now + Duration::from_secs(5));
+        let jobs = take(&mut outbox, now, 10);
+        outbox.retry_at(&jobs[0], now + Duration::from_secs(5));
         outbox.delivered(&key("b"));
         outbox.push(message("b", 4), 0, now).unwrap();
-        assert_eq!(ids(&outbox.take_jobs(now, 10)), ["msg_4"]);
+        assert_eq!(ids(&take(&mut outbox, now, 10)), ["msg_4"]);
         assert_eq!(outbox.next_retry_at(), Some(now + Duration::from_secs(5)));
-        assert!(outbox
-            .take_jobs(now + Duration::from_millis(4999), 10)
-            .is_empty());
-        let retried = outbox.take_jobs(now + Duration::from_secs(5), 10);
+        assert!(take(&mut outbox, now + Duration::from_millis(4999), 10).is_empty());
+        let retried = take(&mut outbox, now + Duration::from_secs(5), 10);
         assert_eq!(ids(&retried), ["msg_1"]);
         assert_eq!(retried[0].attempt, 2, "the retry is the second attempt");
     }
@@ -322,7 +482,7 @@ mod tests {
         let mut outbox = Outbox::new(2);
         outbox.push(message("a", 1), 0, now).unwrap();
         outbox.push(message("b", 2), 0, now).unwrap();
-        outbox.take_jobs(now, 10);
+        take(&mut outbox, now, 10);
         assert_eq!(outbox.push(message("c", 3), 0, now), Err(Full));
         outbox.delivered(&key("a"));
         assert_eq!(outbox.push(message("c", 3), 0, now), Ok(()));
@@ -336,7 +496,7 @@ mod tests {
         outbox.push(message("a", 1), 0, start).unwrap();
         outbox.push(message("b", 2), 0, later).unwrap();
         assert_eq!(outbox.oldest_arrival(), Some(start));
-        outbox.take_jobs(later, 1);
+        take(&mut outbox, later, 1);
         let given_up = outbox.given_up(&key("a")).unwrap();
         assert_eq!((&*given_up.message.id, given_up.attempts), ("msg_1", 1));
         assert_eq!(outbox.oldest_arrival(), Some(later));
@@ -349,8 +509,8 @@ mod tests {
         for (key, sequence) in [("a", 1), ("a", 2), ("b", 3), ("c", 4)] {
             outbox.push(message(key, sequence), 0, now).unwrap();
         }
-        outbox.take_jobs(now, 2); // a#1 and b#3 in flight
-        outbox.retry_at(&key("b"), now + Duration::from_secs(1));
+        let jobs = take(&mut outbox, now, 2); // a#1 and b#3 in flight
+        outbox.retry_at(&jobs[1], now + Duration::from_secs(1));
         let mut drained: Vec<_> = outbox
             .drain_idle()
             .iter()
@@ -361,9 +521,76 @@ mod tests {
         assert_eq!((outbox.len(), outbox.in_flight()), (1, 1));
         outbox.delivered(&key("a"));
         assert!(outbox.is_empty());
-        assert!(outbox
-            .take_jobs(now + Duration::from_secs(2), 10)
-            .is_empty());
+        assert!(take(&mut outbox, now + Duration::from_secs(2), 10).is_empty());
+    }
+
+    #[test]
+    fn a_batch_holds_one_head_per_key_and_is_retried_whole_under_its_id() {
+        let now = Instant::now();
+        let mut outbox = Outbox::new(10);
+        for (key, sequence) in [("a", 1), ("a", 2), ("b", 3), ("c", 4), ("d", 5)] {
+            outbox.push(message(key, sequence), 0, now).unwrap();
+        }
+        let jobs = take_batched(&mut outbox, now, 10, 3);
+        assert_eq!(jobs.len(), 2);
+        assert_eq!(ids(&jobs[..1]), ["msg_1", "msg_3", "msg_4"]);
+        assert_eq!(
+            ids(&jobs[1..]),
+            ["msg_5"],
+            "a partial batch goes out at once"
+        );
+        assert_ne!(jobs[0].batch_id, jobs[1].batch_id);
+        assert_eq!(outbox.in_flight(), 4);
+
+        let retry_at = now + Duration::from_secs(1);
+        outbox.retry_at(&jobs[0], retry_at);
+        outbox.delivered(&key("d"));
+        outbox.push(message("e", 6), 0, now).unwrap();
+        assert_eq!(
+            ids(&take_batched(&mut outbox, now, 10, 3)),
+            ["msg_6"],
+            "a's second event waits for its first; the failed batch waits whole"
+        );
+        let retried = take_batched(&mut outbox, retry_at, 10, 3);
+        assert_eq!(retried.len(), 1);
+        assert_eq!(ids(&retried), ["msg_1", "msg_3", "msg_4"]);
+        assert_eq!(retried[0].batch_id, jobs[0].batch_id, "same batch, same id");
+        assert_eq!(retried[0].attempt, 2);
+    }
+
+    #[test]
+    fn due_retries_wait_for_room_without_being_reordered() {
+        let now = Instant::now();
+        let mut outbox = Outbox::new(10);
+        for (key, sequence) in [("a", 1), ("b", 2), ("c", 3)] {
+            outbox.push(message(key, sequence), 0, now).unwrap();
+        }
+        let jobs = take(&mut outbox, now, 3);
+        let later = now + Duration::from_millis(10);
+        outbox.retry_at(&jobs[1], later);
+        outbox.retry_at(&jobs[0], later + Duration::from_millis(1));
+        let until = later + Duration::from_secs(1);
+        assert!(take(&mut outbox, until, 0).is_empty());
+        assert_eq!(
+            outbox.next_retry_at(),
+            None,
+            "both are due: only room is awaited"
+        );
+        assert_eq!(ids(&take(&mut outbox, until, 1)), ["msg_2"]);
+        assert_eq!(ids(&take(&mut outbox, until, 1)), ["msg_1"]);
+    }
+
+    #[test]
+    fn a_due_retry_queues_behind_what_was_ready_before_it() {
+        let now = Instant::now();
+        let mut outbox = Outbox::new(10);
+        outbox.push(message("a", 1), 0, now).unwrap();
+        let failed = take(&mut outbox, now, 1);
+        outbox.retry_at(&failed[0], now);
+        outbox.push(message("b", 2), 0, now).unwrap();
+        // One request at a time (a paused URL's probe): the never-tried event goes first.
+        assert_eq!(ids(&take(&mut outbox, now, 1)), ["msg_2"]);
+        assert_eq!(ids(&take(&mut outbox, now, 1)), ["msg_1"]);
     }
 
     #[derive(Clone, Debug)]
@@ -391,13 +618,17 @@ mod tests {
         /// Whatever happens, each key's events leave the outbox (delivered or given up) in the
         /// order they came in, at most one per key is in flight, and the counts add up.
         #[test]
-        fn per_key_order_and_counts_hold(steps in proptest::collection::vec(step(), 1..200)) {
+        fn per_key_order_and_counts_hold(
+            steps in proptest::collection::vec(step(), 1..200),
+            batch_max in 1usize..4,
+        ) {
             let mut now = Instant::now();
             let mut outbox = Outbox::new(8);
             let mut sequence = 0u64;
             let mut pushed: HashMap<String, Vec<u64>> = HashMap::new();
             let mut settled: HashMap<String, Vec<u64>> = HashMap::new();
             let mut in_flight: Vec<Job> = Vec::new();
+            let mut sent_batches: HashMap<Arc<str>, Vec<String>> = HashMap::new();
             for step in steps {
                 match step {
                     Step::Push(which) => {
@@ -408,34 +639,47 @@ mod tests {
                         }
                     }
                     Step::Take(limit) => {
-                        for job in outbox.take_jobs(now, limit) {
-                            let key = &job.message.event.key;
-                            prop_assert!(in_flight.iter().all(|other| other.message.event.key != *key));
+                        for job in take_batched(&mut outbox, now, limit, batch_max) {
+                            prop_assert!(job.messages.len() <= batch_max);
+                            prop_assert_eq!(job.batch_id.is_some(), batch_max > 1);
+                            if let Some(id) = &job.batch_id {
+                                // A batch id comes back only as the retry of the same batch.
+                                let events: Vec<String> = ids(std::slice::from_ref(&job))
+                                    .into_iter()
+                                    .map(str::to_owned)
+                                    .collect();
+                                if let Some(first) = sent_batches.get(id) {
+                                    prop_assert_eq!(first, &events);
+                                }
+                                sent_batches.insert(Arc::clone(id), events);
+                            }
+                            for key in job.keys() {
+                                prop_assert!(in_flight.iter().flat_map(Job::keys).all(|other| other != key));
+                            }
                             in_flight.push(job);
                         }
                     }
                     Step::Deliver | Step::GiveUp | Step::Fail { .. } if !in_flight.is_empty() => {
                         let job = in_flight.remove(0);
-                        let key = job.message.event.key.clone();
-                        match step {
-                            Step::Fail { retry_in_ms } => {
-                                outbox.retry_at(&key, now + Duration::from_millis(retry_in_ms));
-                            }
-                            Step::Deliver => {
-                                outbox.delivered(&key);
-                                settled.entry(key.as_str().to_owned()).or_default().push(job.message.event.occurred_at_ms - 1000);
-                            }
-                            _ => {
-                                let head = outbox.given_up(&key).expect("in flight");
-                                prop_assert!(Arc::ptr_eq(&head.message, &job.message));
-                                settled.entry(key.as_str().to_owned()).or_default().push(job.message.event.occurred_at_ms - 1000);
+                        if let Step::Fail { retry_in_ms } = step {
+                            outbox.retry_at(&job, now + Duration::from_millis(retry_in_ms));
+                        } else {
+                            for message in &job.messages {
+                                let key = &message.event.key;
+                                if matches!(step, Step::Deliver) {
+                                    outbox.delivered(key);
+                                } else {
+                                    let head = outbox.given_up(key).expect("in flight");
+                                    prop_assert!(Arc::ptr_eq(&head.message, message));
+                                }
+                                settled.entry(key.as_str().to_owned()).or_default().push(message.event.occurred_at_ms - 1000);
                             }
                         }
                     }
                     Step::Advance(ms) => now += Duration::from_millis(ms),
                     _ => {}
                 }
-                prop_assert_eq!(outbox.in_flight(), in_flight.len());
+                prop_assert_eq!(outbox.in_flight(), in_flight.iter().map(|job| job.messages.len()).sum::<usize>());
                 let n_settled: usize = settled.values().map(Vec::len).sum();
                 let n_pushed: usize = pushed.values().map(Vec::len).sum();
                 prop_assert_eq!(outbox.len(), n_pushed - n_settled);

@@ -10,7 +10,8 @@ use reqwest::header::{CONTENT_TYPE, RETRY_AFTER};
 use reqwest::{StatusCode, Url};
 
 use super::backoff;
-use super::message::Message;
+use super::message::batch_body;
+use super::outbox::Job;
 use super::signing::WebhookSecret;
 
 /// How much of a failed answer's body is kept in `last_error`.
@@ -41,21 +42,23 @@ pub(super) enum Outcome {
 }
 
 impl Sender {
-    /// One POST of `message` to `url`, signed now.
-    pub async fn attempt(self: Arc<Self>, url: Url, message: Arc<Message>) -> Outcome {
-        let body = message.body();
-        let timestamp = (unix_now_ms() / 1000) as i64;
+    /// One POST of `job` to `url`, signed now: a single event's body, or a batch's.
+    pub async fn attempt(self: Arc<Self>, url: Url, job: Job) -> Outcome {
+        let now_ms = unix_now_ms();
+        let body = match &job.batch_id {
+            None => job.messages[0].body(),
+            Some(_) => batch_body(&job.messages, now_ms),
+        };
+        let id = job.webhook_id();
+        let timestamp = (now_ms / 1000) as i64;
         let mut request = self
             .client
             .post(url)
             .header(CONTENT_TYPE, "application/json")
-            .header("webhook-id", &*message.id)
+            .header("webhook-id", id)
             .header("webhook-timestamp", timestamp);
         if let Some(secret) = &self.secret {
-            request = request.header(
-                "webhook-signature",
-                secret.sign(&message.id, timestamp, &body),
-            );
+            request = request.header("webhook-signature", secret.sign(id, timestamp, &body));
         }
         match request.body(body).send().await {
             Ok(response) => classify(response).await,

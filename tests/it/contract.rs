@@ -401,6 +401,54 @@ async fn real_responses_validate_against_the_spec() {
     assert_eq!(checker.n_checked, 29);
 }
 
+/// Batched deliveries (`--webhook-batch-max` above 1) match `WebhookBatchPayload`, with
+/// expiry and deletion events inside.
+#[tokio::test]
+async fn batched_webhook_payloads_validate_against_the_spec() {
+    let receiver = Receiver::start(always(StatusCode::OK)).await;
+    let mut config = Config::ephemeral();
+    config.webhook_urls = vec![receiver.url()];
+    config.webhook_batch_max = 10;
+    config.webhook_events = vec![WebhookEvent::Expired, WebhookEvent::Deleted];
+    let server = TestServer::with_config(config).await;
+    let items: Vec<Value> = (0..5)
+        .map(|i| json!({"key": format!("b{i}"), "service": "s", "meta": {"i": i}, "ttl_ms": 30}))
+        .collect();
+    server
+        .post("/v1/heartbeats/batch", json!({ "heartbeats": items }))
+        .await;
+    server.post("/v1/heartbeats", json!({"key": "gone"})).await;
+    server.call(Method::DELETE, "/v1/keys/gone", None).await;
+    let events = |requests: &[crate::receiver::Received]| {
+        requests
+            .iter()
+            .map(|r| r.json["data"]["events"].as_array().map_or(0, Vec::len))
+            .sum::<usize>()
+    };
+    receiver
+        .wait_until(std::time::Duration::from_secs(30), |r| events(r) == 6)
+        .await;
+    let spec = spec();
+    for request in receiver.requests() {
+        let errors = validate(
+            &spec,
+            "/components/schemas/WebhookBatchPayload",
+            &request.json,
+        );
+        assert!(errors.is_empty(), "{}\n{errors:#?}", request.json);
+    }
+    let mut broken = receiver.requests()[0].json.clone();
+    broken["data"]["events"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("id");
+    assert!(
+        !validate(&spec, "/components/schemas/WebhookBatchPayload", &broken).is_empty(),
+        "the schema requires each event's id"
+    );
+    server.shutdown().await.expect("clean shutdown");
+}
+
 #[tokio::test]
 async fn webhook_routes_and_payloads_validate_against_the_spec() {
     let receiver = Receiver::start(always(StatusCode::INTERNAL_SERVER_ERROR)).await;

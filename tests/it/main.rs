@@ -24,6 +24,7 @@ mod stalls;
 mod stream;
 mod tls;
 mod tools;
+mod webhook_batches;
 mod webhooks;
 
 use std::sync::Arc;

@@ -57,6 +57,9 @@ struct Shared {
     log: Arc<Mutex<Log>>,
     answer: Arc<Mutex<Answer>>,
     arrived: Arc<Notify>,
+    /// `(n, hold)`: requests after the first `n` are recorded on arrival but answered only
+    /// after `hold` (a receiver that hangs).
+    hold_after: Arc<Mutex<Option<(usize, Duration)>>>,
 }
 
 pub struct Receiver {
@@ -72,6 +75,7 @@ impl Receiver {
             log: Arc::default(),
             answer: Arc::new(Mutex::new(answer)),
             arrived: Arc::new(Notify::new()),
+            hold_after: Arc::default(),
         };
         let mut receiver = Self {
             address: listener.local_addr().expect("bound"),
@@ -90,6 +94,12 @@ impl Receiver {
 
     pub fn answer_with(&self, answer: Answer) {
         *self.shared.answer.lock() = answer;
+    }
+
+    /// From now on, requests after the first `n` (counted since start) are recorded at once
+    /// but answered only after `hold`.
+    pub fn hold_after(&self, n: usize, hold: Duration) {
+        *self.shared.hold_after.lock() = Some((n, hold));
     }
 
     /// Every request so far, in arrival order.
@@ -161,16 +171,24 @@ async fn record(State(shared): State<Shared>, headers: HeaderMap, body: Bytes) -
         arrived: std::time::Instant::now(),
     };
     let answer = Arc::clone(&*shared.answer.lock());
-    let (status, extra) = {
+    let (status, extra, hold) = {
         let mut log = shared.log.lock();
+        let hold = shared
+            .hold_after
+            .lock()
+            .filter(|(n, _)| log.requests.len() >= *n)
+            .map(|(_, hold)| hold);
         let seen = log.seen.entry(received.id().to_owned()).or_insert(0);
         let before = *seen;
         *seen += 1;
         let reply = answer(&received, before);
         log.requests.push(received);
-        reply
+        (reply.0, reply.1, hold)
     };
     shared.arrived.notify_waiters();
+    if let Some(hold) = hold {
+        tokio::time::sleep(hold).await;
+    }
     let mut response = status.into_response();
     for (name, value) in extra {
         response

@@ -1,6 +1,7 @@
 //! The tool's webhook receiver: an HTTP server that stamps each delivery with its arrival time
 //! (the moment the handler runs) and hands it to the mode's accounting. It answers `204` at once,
-//! so deliveries are never retried because of the receiver.
+//! so deliveries are never retried because of the receiver. A batched delivery
+//! (`--webhook-batch-max` above 1) is unpacked: each event inside is one arrival, under its own id.
 
 use std::net::SocketAddr;
 
@@ -19,7 +20,8 @@ pub const EXPIRED: &str = "key.expired";
 #[derive(Debug)]
 pub struct Arrival {
     pub at: Instant,
-    /// The `webhook-id` header: the same on every retry of one event.
+    /// The event's id: the `webhook-id` header, or the event's `id` inside a batch; the same on
+    /// every retry of one event.
     pub id: String,
     /// `key.expired`, `key.deleted` or `key.registered`.
     pub kind: String,
@@ -51,15 +53,17 @@ async fn deliver(
 ) -> StatusCode {
     let at = Instant::now();
     match parse(&headers, &body) {
-        Some((id, kind, key, occurred_at, lateness_ms)) => {
-            let _ = sender.send(Arrival {
-                at,
-                id,
-                kind,
-                key,
-                occurred_at,
-                lateness_ms,
-            });
+        Some(events) => {
+            for (id, kind, key, occurred_at, lateness_ms) in events {
+                let _ = sender.send(Arrival {
+                    at,
+                    id,
+                    kind,
+                    key,
+                    occurred_at,
+                    lateness_ms,
+                });
+            }
             StatusCode::NO_CONTENT
         }
         // Not a delivery we understand: refuse it visibly (it would be a bug in one side).
@@ -67,15 +71,27 @@ async fn deliver(
     }
 }
 
-/// `(webhook id, type, key, occurred_at, lateness_ms)` of a delivery.
+/// `(event id, type, key, occurred_at, lateness_ms)` of a delivered event.
 type Parsed = (String, String, String, Option<String>, Option<u64>);
 
-fn parse(headers: &HeaderMap, body: &[u8]) -> Option<Parsed> {
+/// The `type` of a batched delivery.
+const BATCH: &str = "batch";
+
+/// The events of a delivery: one, or a batch's.
+fn parse(headers: &HeaderMap, body: &[u8]) -> Option<Vec<Parsed>> {
     #[derive(serde::Deserialize)]
     struct Payload<'a> {
+        #[serde(borrow, default)]
+        id: Option<&'a str>,
         #[serde(borrow)]
         r#type: &'a str,
-        data: Data<'a>,
+        #[serde(borrow)]
+        data: &'a serde_json::value::RawValue,
+    }
+    #[derive(serde::Deserialize)]
+    struct Batch<'a> {
+        #[serde(borrow)]
+        events: Vec<Payload<'a>>,
     }
     #[derive(serde::Deserialize)]
     struct Data<'a> {
@@ -86,15 +102,27 @@ fn parse(headers: &HeaderMap, body: &[u8]) -> Option<Parsed> {
         #[serde(default)]
         lateness_ms: Option<u64>,
     }
-    let id = headers.get("webhook-id")?.to_str().ok()?.to_owned();
+    fn event(id: &str, payload: &Payload<'_>) -> Option<Parsed> {
+        let data: Data<'_> = serde_json::from_str(payload.data.get()).ok()?;
+        Some((
+            id.to_owned(),
+            payload.r#type.to_owned(),
+            data.key.into_owned(),
+            data.occurred_at.map(str::to_owned),
+            data.lateness_ms,
+        ))
+    }
+    let id = headers.get("webhook-id")?.to_str().ok()?;
     let payload: Payload<'_> = serde_json::from_slice(body).ok()?;
-    Some((
-        id,
-        payload.r#type.to_owned(),
-        payload.data.key.into_owned(),
-        payload.data.occurred_at.map(str::to_owned),
-        payload.data.lateness_ms,
-    ))
+    if payload.r#type != BATCH {
+        return Some(vec![event(id, &payload)?]);
+    }
+    let batch: Batch<'_> = serde_json::from_str(payload.data.get()).ok()?;
+    batch
+        .events
+        .iter()
+        .map(|inner| event(inner.id?, inner))
+        .collect()
 }
 
 #[cfg(test)]
@@ -138,5 +166,34 @@ mod tests {
         headers.insert("webhook-id", "msg_1".parse().unwrap());
         assert!(parse(&headers, br#"{"type":"expired","data":{}}"#).is_none());
         assert!(parse(&headers, br#"{"type":"expired","data":{"key":"a"}}"#).is_some());
+    }
+
+    #[test]
+    fn a_batch_is_unpacked_into_its_events_under_their_own_ids() {
+        let mut headers = HeaderMap::new();
+        headers.insert("webhook-id", "batch_1".parse().unwrap());
+        let body = br#"{"type":"batch","timestamp":"t","data":{"events":[
+            {"id":"msg_1","type":"key.expired","timestamp":"t","data":{"key":"a","lateness_ms":3}},
+            {"id":"msg_2","type":"key.deleted","timestamp":"t","data":{"key":"b"}}]}}"#;
+        let events = parse(&headers, body).unwrap();
+        let summary: Vec<(&str, &str, &str, Option<u64>)> = events
+            .iter()
+            .map(|(id, kind, key, _, lateness)| {
+                (id.as_str(), kind.as_str(), key.as_str(), *lateness)
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("msg_1", EXPIRED, "a", Some(3)),
+                ("msg_2", "key.deleted", "b", None)
+            ]
+        );
+        let without_id =
+            br#"{"type":"batch","data":{"events":[{"type":"key.expired","data":{"key":"a"}}]}}"#;
+        assert!(
+            parse(&headers, without_id).is_none(),
+            "a batched event needs its id"
+        );
     }
 }

@@ -13,7 +13,7 @@ KEYS=${KEYS:-100000}
 DURATION=${DURATION:-10m}
 TTL=${TTL:-3600s}
 PORT=${PORT:-17914}
-OUT=target/bench-renewal-memory
+OUT=${OUT:-target/bench-renewal-memory}
 mkdir -p "$OUT"
 cargo build --release -q -p ttlwheel -p ttlwheel-load
 SERVER=${SERVER:-target/release/ttlwheel}

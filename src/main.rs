@@ -8,6 +8,11 @@ use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 use ttlwheel::config::{Command, Config, LogFormat, TokenCommand};
 
+/// mimalloc rather than glibc's malloc: under steady renewals glibc kept freed bucket memory and
+/// RSS crept up for minutes; see BENCHMARKS.md, "Allocator", for the figures.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> anyhow::Result<()> {
     let config = Config::parse();
     init_tracing(config.log_format);

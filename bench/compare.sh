@@ -7,7 +7,13 @@
 # peers are installed from Debian's packages (needs root).
 #
 # Knobs (environment): DURATION (10s per throughput run), ROUNDS (3), CONNECTIONS (50), KEYS (1000000),
-# SOAK_DURATION (10m), SOAK_KEYS (100000), STORM_KEYS (1000000), ETCD_LEASES (10000), OUT.
+# SOAK_DURATION (10m), SOAK_KEYS (100000), STORM_KEYS (1000000), STORM_LIVE_RATE (10000 heartbeats/s
+# beside the storm, open loop), WEBHOOK_BATCH_MAX (100, the batched storm), ETCD_LEASES (10000), OUT.
+#
+# Latency is also measured open loop (ttlwheel-load --rate: requests on a fixed schedule, latency
+# from each scheduled time, as wrk2 does) at 50% and 80% of Redis's measured closed-loop maximum,
+# ttlwheel and Redis (redis-set mode) in turn. The tool's timer has a 1 ms grain, so open-loop
+# figures carry up to 1 ms of send lateness, the same for both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +24,8 @@ KEYS=${KEYS:-1000000}
 SOAK_DURATION=${SOAK_DURATION:-10m}
 SOAK_KEYS=${SOAK_KEYS:-100000}
 STORM_KEYS=${STORM_KEYS:-1000000}
+STORM_LIVE_RATE=${STORM_LIVE_RATE:-10000}
+WEBHOOK_BATCH_MAX=${WEBHOOK_BATCH_MAX:-100}
 ETCD_LEASES=${ETCD_LEASES:-10000}
 OUT=${OUT:-target/bench-compare}
 TTL_S=30
@@ -140,6 +148,23 @@ for round in $(seq "$ROUNDS"); do
         "$OUT/ttlwheel-1thread-heartbeat-$round.log" "$OUT/ttlwheel-batch-$round.log" >&2
     cut -d, -f1,2 "$OUT/redis-unpipelined-$round.csv" "$OUT/redis-pipelined-$round.csv" >&2
 done
+REDIS_MAX=$(python3 - "$OUT" "$ROUNDS" <<'PY'
+import csv, statistics, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+print(statistics.median(float(list(csv.reader(open(f"{out}/redis-unpipelined-{r}.csv")))[-1][1]) for r in range(1, rounds + 1)))
+PY
+)
+OPEN_RATES=()
+for percent in 50 80; do
+    rate=$(python3 -c "import sys; print(int(float(sys.argv[1]) * int(sys.argv[2]) / 100))" "$REDIS_MAX" "$percent")
+    OPEN_RATES+=("$percent:$rate")
+    say "open loop at $percent% of Redis's max: $rate requests/s"
+    $LOAD --target "127.0.0.1:$TW_PORT" heartbeat --keys "$KEYS" --prefix key: --ttl ${TTL_S}s \
+        --connections "$CONNECTIONS" --duration "$DURATION" --no-preload --rate "$rate" >"$OUT/ttlwheel-open-$percent.log"
+    $LOAD --target "127.0.0.1:$REDIS_PORT" redis-set --keys "$KEYS" --prefix key: --ttl ${TTL_S}s \
+        --connections "$CONNECTIONS" --duration "$DURATION" --rate "$rate" >"$OUT/redis-open-$percent.log"
+    grep -h "latency" "$OUT/ttlwheel-open-$percent.log" "$OUT/redis-open-$percent.log" >&2
+done
 stop "$TW_DEFAULT"
 stop "$TW_ONE"
 stop "$REDIS_PID"
@@ -193,12 +218,14 @@ $LOAD --target "127.0.0.1:$TW_PORT" soak --keys "$SOAK_KEYS" --duration "$SOAK_D
     --receiver "$RECEIVER" | tee "$OUT/ttlwheel-soak.log" || soak_status=$?
 stop "$TW_PID"
 
-say "ttlwheel: storm, $STORM_KEYS keys expiring in the same second (expiry guard off: it would hold them)"
-start_ttlwheel --webhook-url "http://$RECEIVER/hook" --expiry-guard off
 storm_status=0
-$LOAD --target "127.0.0.1:$TW_PORT" storm --keys "$STORM_KEYS" --receiver "$RECEIVER" \
-    | tee "$OUT/ttlwheel-storm.log" || storm_status=$?
-stop "$TW_PID"
+for batch_max in 1 "$WEBHOOK_BATCH_MAX"; do
+    say "ttlwheel: storm, $STORM_KEYS keys expiring in the same second, --webhook-batch-max $batch_max (expiry guard off: it would hold them)"
+    start_ttlwheel --webhook-url "http://$RECEIVER/hook" --expiry-guard off --webhook-batch-max "$batch_max"
+    $LOAD --target "127.0.0.1:$TW_PORT" storm --keys "$STORM_KEYS" --receiver "$RECEIVER" \
+        --live-rate "$STORM_LIVE_RATE" | tee "$OUT/ttlwheel-storm-batch-$batch_max.log" || storm_status=$?
+    stop "$TW_PID"
+done
 
 say "redis: expiry lateness (10,000 keys, no other keys; then beside 90,000 live keys)"
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
@@ -245,7 +272,20 @@ RATIOS="Ratios (medians of $ROUNDS alternating rounds): single heartbeat $(pytho
     echo "$RATIOS"
     echo
     sed -n 's/^soak: /- soak: /p' "$OUT/ttlwheel-soak.log"
-    sed -n 's/^storm: /- storm: /p' "$OUT/ttlwheel-storm.log"
+    for batch_max in 1 "$WEBHOOK_BATCH_MAX"; do
+        echo "- storm with \`--webhook-batch-max $batch_max\` (background heartbeats open loop at $STORM_LIVE_RATE/s):"
+        sed -n 's/^storm: /  - /p' "$OUT/ttlwheel-storm-batch-$batch_max.log"
+    done
+    echo
+    echo "Open loop, single heartbeats, $CONNECTIONS connections, latency from each scheduled time (ms):"
+    echo
+    echo "| rate | ttlwheel p50 | ttlwheel p99 | ttlwheel max | Redis p50 | Redis p99 | Redis max |"
+    echo "|---|---|---|---|---|---|---|"
+    for entry in "${OPEN_RATES[@]}"; do
+        percent=${entry%%:*} rate=${entry##*:}
+        t="$OUT/ttlwheel-open-$percent.log" r="$OUT/redis-open-$percent.log"
+        echo "| $(fmt "$rate")/s ($percent% of Redis's max) | $(result "$t" latency.p50) | $(result "$t" latency.p99) | $(result "$t" latency.max) | $(result "$r" latency.p50) | $(result "$r" latency.p99) | $(result "$r" latency.max) |"
+    done
 } | tee "$OUT/table.md"
 if ((soak_status != 0 || storm_status != 0)); then
     echo "soak exit $soak_status, storm exit $storm_status: see $OUT" >&2

@@ -33,6 +33,48 @@ pub trait Workload: Send + Sync + 'static {
     fn request(&self, rng: &mut fastrand::Rng, out: &mut Vec<u8>) -> u64;
     /// How many of the request's `items` failed, given a response.
     fn failed(&self, response: &Response<'_>, items: u64) -> u64;
+    /// What the requests are written in.
+    fn protocol(&self) -> Protocol {
+        Protocol::Http
+    }
+}
+
+/// The wire protocol of a workload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    /// HTTP/1.1 requests; the response's status counts.
+    Http,
+    /// Redis commands (RESP), one reply each: a simple string or integer is a 200, an error
+    /// reply a 500.
+    Resp,
+}
+
+/// An open connection of either protocol.
+enum Link {
+    Http(Conn),
+    Resp(crate::peers::RespConn),
+}
+
+impl Link {
+    async fn connect(address: &str, protocol: Protocol) -> Option<Self> {
+        match protocol {
+            Protocol::Http => Conn::connect(address).await.ok().map(Self::Http),
+            Protocol::Resp => crate::peers::RespConn::connect(address)
+                .await
+                .ok()
+                .map(Self::Resp),
+        }
+    }
+
+    async fn exchange(&mut self, request: &[u8]) -> io::Result<Response<'_>> {
+        match self {
+            Self::Http(conn) => conn.exchange(request).await,
+            Self::Resp(conn) => {
+                let status = conn.exchange(request).await.map_err(io::Error::other)?;
+                Ok(Response { status, body: &[] })
+            }
+        }
+    }
 }
 
 /// The phase every connection reads before each request.
@@ -137,6 +179,14 @@ impl Schedule {
         }
     }
 
+    /// Drops the requests due before `now` (the load was paused on purpose: they are not
+    /// late, they were never meant to be sent).
+    pub fn skip_to(&mut self, now: Instant) {
+        let behind = now.saturating_duration_since(self.first);
+        let due_by_now = (behind.as_secs_f64() / self.interval.as_secs_f64()).ceil() as u32;
+        self.sent = self.sent.max(due_by_now);
+    }
+
     /// The time the next request is due, and moves on to the one after.
     pub fn next_due(&mut self) -> Instant {
         let due = self.first + self.interval * self.sent;
@@ -155,7 +205,8 @@ async fn connection(
 ) -> Vec<PhaseStats> {
     let mut stats = vec![PhaseStats::default(); n_phases];
     let mut request = Vec::with_capacity(64 * 1024);
-    let mut conn = None;
+    let mut conn: Option<Link> = None;
+    let protocol = workload.protocol();
     loop {
         let phase = phases.get();
         if phase == STOP {
@@ -163,6 +214,9 @@ async fn connection(
         }
         if phase == PAUSE {
             tokio::time::sleep(Duration::from_millis(1)).await;
+            if let Some(schedule) = &mut schedule {
+                schedule.skip_to(Instant::now());
+            }
             continue;
         }
         // Open loop: wait for the request's time; a request already due (the connection was
@@ -180,7 +234,7 @@ async fn connection(
         };
         let phase = phases.get();
         let phase_stats = &mut stats[phase.min(n_phases - 1)];
-        let Some(open) = connected(&mut conn, &address).await else {
+        let Some(open) = connected(&mut conn, &address, protocol).await else {
             phase_stats.errors += 1;
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
@@ -210,9 +264,13 @@ async fn connection(
 }
 
 /// The open connection, opening it first if needed.
-async fn connected<'a>(conn: &'a mut Option<Conn>, address: &str) -> Option<&'a mut Conn> {
+async fn connected<'a>(
+    conn: &'a mut Option<Link>,
+    address: &str,
+    protocol: Protocol,
+) -> Option<&'a mut Link> {
     if conn.is_none() {
-        *conn = Conn::connect(address).await.ok();
+        *conn = Link::connect(address, protocol).await;
     }
     conn.as_mut()
 }
@@ -227,6 +285,21 @@ pub async fn one_request(address: &str, request: &[u8]) -> io::Result<(u16, Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_schedule_skips_what_fell_due_during_a_pause() {
+        let start = Instant::now();
+        let mut schedule = Schedule::of_connection(start, 100.0, 0, 1);
+        assert_eq!(schedule.next_due(), start);
+        schedule.skip_to(start + Duration::from_millis(55));
+        assert_eq!(schedule.next_due(), start + Duration::from_millis(60));
+        schedule.skip_to(start);
+        assert_eq!(
+            schedule.next_due(),
+            start + Duration::from_millis(70),
+            "never goes back"
+        );
+    }
 
     #[test]
     fn an_open_loop_schedule_spreads_the_rate_over_the_connections() {

@@ -76,6 +76,9 @@ enum Mode {
     Soak(SoakArgs),
     /// A same-second expiry of many keys under heartbeat load.
     Storm(StormArgs),
+    /// Redis: `SET <prefix><n> 1 EX <ttl>` on random keys, Redis's single heartbeat (for
+    /// `--rate` runs beside ttlwheel's; preload the keys yourself, `--no-preload` is implied).
+    RedisSet(LoadArgs),
     /// Redis: keys set with `SET k v PX ttl`, expiry seen through keyspace notifications.
     RedisExpiry(peers::ExpiryArgs),
     /// etcd 3.4 (HTTP gateway): keys on leases, lease expiry seen through a watch.
@@ -151,6 +154,10 @@ struct StormArgs {
     live_keys: u64,
     #[arg(long, default_value_t = 16)]
     live_connections: usize,
+    /// Send the background heartbeats open loop at this many per second (all connections
+    /// together), latency counted from each scheduled time; without it, closed loop.
+    #[arg(long)]
+    live_rate: Option<f64>,
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     baseline: Duration,
     /// Give up waiting for webhooks this long after the storm starts.
@@ -206,6 +213,16 @@ async fn run(cli: Cli) -> Result<bool, String> {
                 order: args.key_order(),
             });
             run_load(&target, &args, workload, "heartbeat", cli.seed).await
+        }
+        Mode::RedisSet(mut args) => {
+            let workload = Arc::new(peers::RedisSets {
+                prefix: args.prefix.clone(),
+                keys: args.keys,
+                ttl_s: args.ttl.0.as_secs().max(1),
+                order: args.key_order(),
+            });
+            args.no_preload = true;
+            run_load(&target, &args, workload, "redis-set", cli.seed).await
         }
         Mode::Batch {
             load,
@@ -282,6 +299,7 @@ async fn run(cli: Cli) -> Result<bool, String> {
                 register_connections: 8,
                 live_keys: args.live_keys,
                 live_connections: args.live_connections,
+                live_rate: args.live_rate,
                 live_ttl: Ttl(Duration::from_secs(3600)),
                 baseline: args.baseline,
                 timeout: args.timeout,

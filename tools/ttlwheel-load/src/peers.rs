@@ -179,13 +179,13 @@ fn resp_parse(bytes: &[u8]) -> Result<Option<(Resp, usize)>, String> {
 }
 
 /// A RESP connection.
-struct RespConn {
+pub struct RespConn {
     stream: TcpStream,
     buffer: Vec<u8>,
 }
 
 impl RespConn {
-    async fn connect(address: &str) -> Result<Self, String> {
+    pub async fn connect(address: &str) -> Result<Self, String> {
         let stream = TcpStream::connect(address)
             .await
             .map_err(|error| format!("cannot connect to Redis at {address}: {error}"))?;
@@ -222,6 +222,15 @@ impl RespConn {
         }
     }
 
+    /// Sends one command and reads its reply: 200 for a success, 500 for an error reply.
+    pub async fn exchange(&mut self, command: &[u8]) -> Result<u16, String> {
+        self.send(command).await?;
+        Ok(match self.read().await? {
+            Resp::Error(_) => 500,
+            _ => 200,
+        })
+    }
+
     /// Sends commands and reads one reply each; any error reply fails.
     async fn pipeline(&mut self, commands: &[u8], replies: usize) -> Result<(), String> {
         self.send(commands).await?;
@@ -231,6 +240,32 @@ impl RespConn {
             }
         }
         Ok(())
+    }
+}
+
+/// `SET <prefix><n> 1 EX <ttl>` on keys picked by `order`: Redis's heartbeat, for the same
+/// open-loop driver as ttlwheel's (`redis-set --rate`).
+pub struct RedisSets {
+    pub prefix: String,
+    pub keys: u64,
+    pub ttl_s: u64,
+    pub order: crate::workload::KeyOrder,
+}
+
+impl crate::driver::Workload for RedisSets {
+    fn request(&self, rng: &mut fastrand::Rng, out: &mut Vec<u8>) -> u64 {
+        let key = format!("{}{}", self.prefix, self.order.next(rng, self.keys));
+        let ttl = self.ttl_s.to_string();
+        resp_command(out, &[b"SET", key.as_bytes(), b"1", b"EX", ttl.as_bytes()]);
+        1
+    }
+
+    fn failed(&self, _response: &crate::wire::Response<'_>, _items: u64) -> u64 {
+        0
+    }
+
+    fn protocol(&self) -> crate::driver::Protocol {
+        crate::driver::Protocol::Resp
     }
 }
 

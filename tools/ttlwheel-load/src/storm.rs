@@ -29,6 +29,8 @@ pub struct Settings {
     pub register_connections: usize,
     pub live_keys: u64,
     pub live_connections: usize,
+    /// Open loop at this many heartbeats per second; `None`: closed loop.
+    pub live_rate: Option<f64>,
     pub live_ttl: Ttl,
     pub baseline: Duration,
     pub timeout: Duration,
@@ -129,7 +131,7 @@ pub async fn run(
             order: crate::workload::KeyOrder::Random,
         }),
         settings.seed,
-        None,
+        settings.live_rate,
     );
     let baseline_started = Instant::now();
     tokio::time::sleep(settings.baseline).await;

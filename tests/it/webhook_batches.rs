@@ -337,20 +337,6 @@ async fn the_readme_batch_handler_takes_a_real_batch_once() {
     receiver.wait_until(PATIENCE, delivered).await;
     let request = receiver.requests().remove(0);
     let n_events = events_of(&request).len();
-    let headers: serde_json::Map<String, Value> =
-        ["webhook-id", "webhook-timestamp", "webhook-signature"]
-            .iter()
-            .map(|name| {
-                (
-                    name.to_string(),
-                    json!(request.headers[*name].to_str().unwrap()),
-                )
-            })
-            .collect();
-    let dir = std::env::temp_dir().join(format!("ttlwheel-readme-batch-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("body"), &request.body).unwrap();
-    std::fs::write(dir.join("headers.json"), Value::Object(headers).to_string()).unwrap();
     let program = format!(
         "{}\n{}\nimport json, sys\nd = sys.argv[1]\nh = json.load(open(d + '/headers.json'))\n\
          b = open(d + '/body', 'rb').read()\nfirst = events_of({SECRET:?}, h, b)\n\
@@ -360,21 +346,7 @@ async fn the_readme_batch_handler_takes_a_real_batch_once() {
          print(len(first), len(again), tampered, all(e['type'] == 'key.expired' for e in first))\n",
         blocks[0], blocks[1]
     );
-    let output = std::process::Command::new(crate::tools::python())
-        .arg("-c")
-        .arg(program)
-        .arg(&dir)
-        .output()
-        .expect("python3 runs");
-    std::fs::remove_dir_all(&dir).ok();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert_eq!(
-        String::from_utf8_lossy(&output.stdout).trim(),
-        format!("{n_events} 0 refused True")
-    );
+    let output = crate::webhooks::run_python_on(&request, &program);
+    assert_eq!(output, format!("{n_events} 0 refused True"));
     server.shutdown().await.expect("clean shutdown");
 }

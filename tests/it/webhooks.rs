@@ -543,6 +543,18 @@ async fn the_readme_python_verifier_accepts_a_real_delivery() {
         .wait_until(PATIENCE, |requests| !requests.is_empty())
         .await;
     let request = receiver.requests().remove(0);
+    let program = format!(
+        "{snippet}\nimport json, sys\nd = sys.argv[1]\nh = json.load(open(d + '/headers.json'))\n\
+         b = open(d + '/body', 'rb').read()\nprint(verify({SECRET:?}, h, b), verify({SECRET:?}, h, b + b' '))\n"
+    );
+    let output = run_python_on(&request, &program);
+    assert_eq!(output, "True False");
+}
+
+/// Runs `program` with python3, given a directory (its `sys.argv[1]`) holding the request's
+/// `body` and its Standard Webhooks headers as `headers.json`; returns its trimmed output and
+/// fails the test if it fails.
+pub fn run_python_on(request: &crate::receiver::Received, program: &str) -> String {
     let headers: serde_json::Map<String, Value> =
         ["webhook-id", "webhook-timestamp", "webhook-signature"]
             .iter()
@@ -553,14 +565,14 @@ async fn the_readme_python_verifier_accepts_a_real_delivery() {
                 )
             })
             .collect();
-    let dir = std::env::temp_dir().join(format!("ttlwheel-readme-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!(
+        "ttlwheel-python-{}-{}",
+        std::process::id(),
+        request.id()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("body"), &request.body).unwrap();
     std::fs::write(dir.join("headers.json"), Value::Object(headers).to_string()).unwrap();
-    let program = format!(
-        "{snippet}\nimport json, sys\nd = sys.argv[1]\nh = json.load(open(d + '/headers.json'))\n\
-         b = open(d + '/body', 'rb').read()\nprint(verify({SECRET:?}, h, b), verify({SECRET:?}, h, b + b' '))\n"
-    );
     let output = std::process::Command::new(crate::tools::python())
         .arg("-c")
         .arg(program)
@@ -573,5 +585,5 @@ async fn the_readme_python_verifier_accepts_a_real_delivery() {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "True False");
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
 }

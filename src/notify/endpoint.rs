@@ -459,6 +459,7 @@ impl Endpoint {
             "webhook attempt failed");
     }
 }
+
 /// `url` with its password, if any, replaced by `***`.
 fn redacted(url: &Url) -> String {
     let mut shown = url.clone();

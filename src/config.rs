@@ -227,6 +227,13 @@ pub struct Config {
           value_parser = parse_positive_duration)]
     pub request_timeout: Duration,
 
+    /// Each connection's kernel send buffer (SO_SNDBUF) in bytes, which Linux doubles; 0 leaves
+    /// it to the kernel's autotuning. Why a fixed size: with autotuning, an event-stream client
+    /// that stops reading holds up to ~2 MB of events in the kernel, all copied before the
+    /// server sees it is stuck (1,000 such clients: 2 GB); API responses are small.
+    #[arg(long, env = "TTLWHEEL_SOCKET_SEND_BUFFER", default_value_t = 65_536)]
+    pub socket_send_buffer: u32,
+
     /// Most `GET /v1/events` clients at once; past it 429 `too_many_stream_clients`.
     #[arg(long, env = "TTLWHEEL_MAX_STREAM_CLIENTS", default_value_t = 1_000)]
     pub max_stream_clients: usize,

@@ -86,6 +86,7 @@ fn edge_limits(config: &Config) -> edge::EdgeLimits {
         max_connections,
         header_read_timeout: config.header_read_timeout,
         tls_handshake_timeout: config.tls_handshake_timeout,
+        send_buffer: (config.socket_send_buffer > 0).then_some(config.socket_send_buffer as usize),
     }
 }
 

@@ -11,29 +11,50 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
-use parking_lot::Mutex;
+use parking_lot::RwLock;
+use serde::Serialize;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
-use crate::events::{Event, EventReceiver};
+use crate::events::{Event, EventData, EventReceiver};
 
 /// Default number of events the ring keeps.
 pub const DEFAULT_RING: u64 = 65_536;
 
+/// Readers are woken at most this often while events keep coming (the first event after a
+/// quiet spell wakes them at once). Why: every wake-up costs each connected client a task poll
+/// and a write; waking 1,000 clients per event is what made them cost 1 ms per heartbeat.
+pub const WAKE_INTERVAL: Duration = Duration::from_millis(10);
+
+/// Events examined per read, matched or not, so that one read holds the ring briefly.
+const SCAN_LIMIT: usize = 4096;
+
 /// What a read of the ring found.
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq)]
 pub enum Read {
-    /// Events after the cursor, oldest first (possibly none yet).
-    Events(Vec<(u64, Arc<Event>)>),
+    /// The frames of the matching events after the cursor were appended; `through` is the
+    /// `seq` of the last event examined (the new cursor), `at_end` whether it is the newest.
+    Frames { through: u64, at_end: bool },
     /// Events after the cursor have already left the ring.
     Gap,
 }
 
+/// An event in the ring, and its SSE frame once a reader has needed it.
+#[derive(Debug)]
+struct Slot {
+    event: Event,
+    /// `id:`, `event:` and `data:` lines and the blank line: the same bytes for every client,
+    /// so encoded once, by the first reader, and copied by the others.
+    frame: OnceLock<Box<[u8]>>,
+}
+
 #[derive(Debug)]
 struct Ring {
-    events: VecDeque<Arc<Event>>,
-    /// `seq` of `events[0]`.
+    slots: VecDeque<Slot>,
+    /// `seq` of `slots[0]`.
     first_seq: u64,
 }
 
@@ -42,8 +63,8 @@ struct Ring {
 pub struct EventHub {
     run: u32,
     capacity: usize,
-    ring: Mutex<Ring>,
-    /// The newest `seq` (0 before any event).
+    ring: RwLock<Ring>,
+    /// The newest `seq` readers were told of (0 before any event); see [`WAKE_INTERVAL`].
     latest: watch::Sender<u64>,
     /// Set once at shutdown: streams end so the server can finish.
     closing: watch::Sender<bool>,
@@ -53,13 +74,21 @@ pub struct EventHub {
     dropped_events: AtomicU64,
 }
 
+/// The `data` of a stream event: the webhook payload's `data` and its `type`.
+#[derive(Serialize)]
+struct StreamData<'a> {
+    r#type: &'static str,
+    #[serde(flatten)]
+    data: EventData<'a>,
+}
+
 impl EventHub {
     pub fn new(capacity: usize) -> Self {
         Self {
             run: fastrand::u32(..),
             capacity: capacity.max(1),
-            ring: Mutex::new(Ring {
-                events: VecDeque::new(),
+            ring: RwLock::new(Ring {
+                slots: VecDeque::new(),
                 first_seq: 1,
             }),
             latest: watch::channel(0).0,
@@ -70,44 +99,89 @@ impl EventHub {
         }
     }
 
-    /// Appends events, dropping the oldest past the capacity, and wakes the readers.
+    /// Appends events and wakes the readers.
     pub fn push(&self, events: impl IntoIterator<Item = Event>) {
-        let latest = {
-            let mut ring = self.ring.lock();
-            for event in events {
-                ring.events.push_back(Arc::new(event));
-                if ring.events.len() > self.capacity {
-                    ring.events.pop_front();
-                    ring.first_seq += 1;
-                }
+        self.append(events);
+        self.wake();
+    }
+
+    /// Appends events, dropping the oldest past the capacity, without waking the readers.
+    fn append(&self, events: impl IntoIterator<Item = Event>) {
+        let mut ring = self.ring.write();
+        for event in events {
+            ring.slots.push_back(Slot {
+                event,
+                frame: OnceLock::new(),
+            });
+            if ring.slots.len() > self.capacity {
+                ring.slots.pop_front();
+                ring.first_seq += 1;
             }
-            ring.first_seq + ring.events.len() as u64 - 1
-        };
+        }
+    }
+
+    /// Tells the readers about every event appended so far.
+    fn wake(&self) {
+        let newest = self.newest();
         self.latest.send_if_modified(|current| {
-            let changed = *current != latest;
-            *current = latest;
+            let changed = *current != newest;
+            *current = newest;
             changed
         });
     }
 
-    /// Up to `limit` events after `cursor` (the `seq` of the last event read).
-    pub fn read_after(&self, cursor: u64, limit: usize) -> Read {
-        let ring = self.ring.lock();
+    /// Appends to `out` the frames of the events after `cursor` (the `seq` of the last event
+    /// read) that `matches` accepts, stopping once `out` holds `max_bytes` or more.
+    pub fn read_into(
+        &self,
+        cursor: u64,
+        matches: impl Fn(&Event) -> bool,
+        out: &mut Vec<u8>,
+        max_bytes: usize,
+    ) -> Read {
+        let ring = self.ring.read();
         if cursor + 1 < ring.first_seq {
             return Read::Gap;
         }
-        let start = (cursor + 1 - ring.first_seq) as usize;
-        Read::Events(
-            ring.events
-                .range(start.min(ring.events.len())..)
-                .take(limit)
-                .enumerate()
-                .map(|(i, event)| (cursor + 1 + i as u64, Arc::clone(event)))
-                .collect(),
-        )
+        let start = ((cursor + 1 - ring.first_seq) as usize).min(ring.slots.len());
+        let mut through = cursor.max(ring.first_seq - 1);
+        for slot in ring.slots.range(start..).take(SCAN_LIMIT) {
+            through += 1;
+            if matches(&slot.event) {
+                let frame = slot
+                    .frame
+                    .get_or_init(|| self.frame(through, &slot.event).into_boxed_slice());
+                out.extend_from_slice(frame);
+                if out.len() >= max_bytes {
+                    break;
+                }
+            }
+        }
+        let newest = ring.first_seq + ring.slots.len() as u64 - 1;
+        Read::Frames {
+            through,
+            at_end: through >= newest,
+        }
     }
 
-    /// The newest `seq`: a new client starts after it.
+    /// The SSE frame of event `seq`.
+    fn frame(&self, seq: u64, event: &Event) -> Vec<u8> {
+        let data = StreamData {
+            r#type: event.kind.stream_name(),
+            data: event.data(),
+        };
+        let json = serde_json::to_string(&data).expect("an event always serializes");
+        sse_frame(&self.id_of(seq), event.kind.stream_name(), &json)
+    }
+
+    /// The `seq` of the newest event in the ring (0 before any event), which readers may not
+    /// have been told of yet.
+    pub fn newest(&self) -> u64 {
+        let ring = self.ring.read();
+        ring.first_seq + ring.slots.len() as u64 - 1
+    }
+
+    /// The newest `seq` readers were told of: a new client starts after it.
     pub fn latest(&self) -> u64 {
         *self.latest.borrow()
     }
@@ -145,7 +219,7 @@ impl EventHub {
 
     /// Records a client dropped for falling behind at `cursor`.
     pub fn dropped(&self, cursor: u64) {
-        let first_seq = self.ring.lock().first_seq;
+        let first_seq = self.ring.read().first_seq;
         self.dropped_clients.fetch_add(1, Ordering::Relaxed);
         self.dropped_events
             .fetch_add(first_seq.saturating_sub(cursor + 1), Ordering::Relaxed);
@@ -174,21 +248,56 @@ impl Drop for ClientGuard {
     }
 }
 
-/// Drains the registry's bus into the ring, calling `observe` on each event first (metrics).
-/// Runs until the bus closes or the task is aborted.
+/// One SSE frame: `id` and `event` lines, one `data` line (the JSON has no newlines) and the
+/// blank line that ends it.
+pub fn sse_frame(id: &str, event: &str, data: &str) -> Vec<u8> {
+    debug_assert!(!data.contains('\n'), "one data line");
+    format!("id: {id}\nevent: {event}\ndata: {data}\n\n").into_bytes()
+}
+
+/// Drains the registry's bus into the ring as events come, calling `observe` on each event
+/// first (metrics), and wakes the readers at once after a quiet spell, else at most once per
+/// [`WAKE_INTERVAL`]. Events are appended at once all the same, so a client that connects
+/// starts after every event fed so far. Runs until the bus closes or the task is aborted.
 pub async fn feed(mut events: EventReceiver, hub: Arc<EventHub>, observe: impl Fn(&Event)) {
     const BATCH: usize = 1024;
     let mut batch = Vec::with_capacity(BATCH);
-    while let Some(first) = events.recv().await {
-        batch.push(first);
-        while batch.len() < BATCH {
-            let Some(event) = events.try_recv() else {
-                break;
-            };
-            batch.push(event);
+    let mut last_wake: Option<Instant> = None;
+    // Whether events were appended that readers were not told of.
+    let mut unannounced = false;
+    struct Closed;
+    loop {
+        let next = match last_wake {
+            Some(last_wake) if unannounced => tokio::select! {
+                event = events.recv() => event.map(Some).ok_or(Closed),
+                () = tokio::time::sleep_until(last_wake + WAKE_INTERVAL) => Ok(None),
+            },
+            _ => events.recv().await.map(Some).ok_or(Closed),
+        };
+        match next {
+            Ok(Some(first)) => {
+                batch.push(first);
+                while batch.len() < BATCH {
+                    let Some(event) = events.try_recv() else {
+                        break;
+                    };
+                    batch.push(event);
+                }
+                batch.iter().for_each(&observe);
+                hub.append(batch.drain(..));
+                unannounced = true;
+            }
+            Ok(None) => {} // time to announce
+            Err(Closed) => {
+                hub.wake();
+                return;
+            }
         }
-        batch.iter().for_each(&observe);
-        hub.push(batch.drain(..));
+        if unannounced && last_wake.is_none_or(|at| at + WAKE_INTERVAL <= Instant::now()) {
+            hub.wake();
+            last_wake = Some(Instant::now());
+            unannounced = false;
+        }
     }
 }
 
@@ -214,14 +323,29 @@ mod tests {
         }
     }
 
-    fn keys(read: Read) -> Vec<(u64, String)> {
-        match read {
-            Read::Events(events) => events
-                .into_iter()
-                .map(|(seq, e)| (seq, e.key.to_string()))
-                .collect(),
-            Read::Gap => panic!("gap"),
-        }
+    /// The (seq, key) of each frame a read from `cursor` appends, and where it ended.
+    fn read(hub: &EventHub, cursor: u64, max_bytes: usize) -> (Vec<(u64, String)>, Read) {
+        let mut out = Vec::new();
+        let read = hub.read_into(cursor, |_| true, &mut out, max_bytes);
+        let text = String::from_utf8(out).unwrap();
+        let frames = text
+            .split_terminator("\n\n")
+            .map(|frame| {
+                let lines: Vec<&str> = frame.lines().collect();
+                let seq = lines[0].rsplit_once('-').unwrap().1.parse().unwrap();
+                let data: serde_json::Value =
+                    serde_json::from_str(lines[2].strip_prefix("data: ").unwrap()).unwrap();
+                assert_eq!(lines[1], "event: registered");
+                assert_eq!(data["type"], "registered");
+                (seq, data["key"].as_str().unwrap().to_owned())
+            })
+            .collect();
+        (frames, read)
+    }
+
+    fn frames(read: (Vec<(u64, String)>, Read)) -> Vec<(u64, String)> {
+        assert_ne!(read.1, Read::Gap);
+        read.0
     }
 
     #[test]
@@ -230,17 +354,84 @@ mod tests {
         assert_eq!(hub.latest(), 0);
         hub.push((1..=2).map(event));
         assert_eq!(
-            keys(hub.read_after(0, 10)),
+            frames(read(&hub, 0, usize::MAX)),
             [(1, "k1".into()), (2, "k2".into())]
         );
-        assert_eq!(keys(hub.read_after(1, 10)), [(2, "k2".into())]);
-        assert!(keys(hub.read_after(2, 10)).is_empty());
+        assert_eq!(frames(read(&hub, 1, usize::MAX)), [(2, "k2".into())]);
+        assert_eq!(
+            read(&hub, 2, usize::MAX),
+            (
+                vec![],
+                Read::Frames {
+                    through: 2,
+                    at_end: true
+                }
+            )
+        );
         hub.push((3..=5).map(event)); // the ring keeps 3..=5
         assert_eq!(hub.latest(), 5);
-        assert!(matches!(hub.read_after(1, 10), Read::Gap));
-        assert_eq!(keys(hub.read_after(2, 1)), [(3, "k3".into())]);
+        assert_eq!(read(&hub, 1, usize::MAX).1, Read::Gap);
+        // A read stops once it holds `max_bytes`: here, after the first frame.
+        assert_eq!(
+            read(&hub, 2, 1),
+            (
+                vec![(3, "k3".into())],
+                Read::Frames {
+                    through: 3,
+                    at_end: false
+                }
+            )
+        );
         hub.dropped(1);
         assert_eq!((hub.dropped_clients(), hub.dropped_events()), (1, 1));
+    }
+
+    #[test]
+    fn a_filter_skips_events_and_the_cursor_moves_past_them() {
+        let hub = EventHub::new(10);
+        hub.push((1..=4).map(event));
+        let mut out = Vec::new();
+        let read = hub.read_into(0, |e| e.key.as_str() == "k3", &mut out, usize::MAX);
+        assert_eq!(
+            read,
+            Read::Frames {
+                through: 4,
+                at_end: true
+            }
+        );
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.starts_with(&format!("id: {}\n", hub.id_of(3))),
+            "{text}"
+        );
+        assert_eq!(text.matches("\n\n").count(), 1, "{text}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_feed_wakes_readers_at_once_then_at_most_once_per_interval() {
+        let bus = crate::events::EventBus::default();
+        let hub = Arc::new(EventHub::new(100));
+        let feeder = tokio::spawn(feed(bus.subscribe(), Arc::clone(&hub), |_| {}));
+        let mut latest = hub.subscribe_latest();
+        bus.publish(vec![event(1)]);
+        latest.changed().await.unwrap();
+        assert_eq!(
+            *latest.borrow_and_update(),
+            1,
+            "the first event wakes at once"
+        );
+        let woken_at = Instant::now();
+        bus.publish(vec![event(2)]);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        bus.publish(vec![event(3)]);
+        latest.changed().await.unwrap();
+        assert_eq!(*latest.borrow_and_update(), 3, "both events in one wake-up");
+        assert!(
+            woken_at.elapsed() >= WAKE_INTERVAL,
+            "{:?}",
+            woken_at.elapsed()
+        );
+        feeder.abort();
     }
 
     #[test]

@@ -43,6 +43,8 @@ pub struct EdgeLimits {
     pub max_connections: usize,
     pub header_read_timeout: Duration,
     pub tls_handshake_timeout: Duration,
+    /// SO_SNDBUF of each connection; `None`: the kernel's autotuning.
+    pub send_buffer: Option<usize>,
 }
 
 /// What the edge is doing, for the metrics.
@@ -140,6 +142,9 @@ pub async fn serve(
             },
         };
         let _ = stream.set_nodelay(true);
+        if let Some(bytes) = limits.send_buffer {
+            let _ = socket2::SockRef::from(&stream).set_send_buffer_size(bytes);
+        }
         let service = TowerToHyperService::new(app.clone());
         stats.accepted.fetch_add(1, Ordering::Relaxed);
         stats.open.fetch_add(1, Ordering::Relaxed);

@@ -6,31 +6,38 @@
 //! when they have left it (or the id is from another run): it should then re-read the lists.
 //! A client that falls a whole ring behind gets a `reset` and is disconnected (and counted).
 //! A comment every 15 s keeps idle connections open through proxies.
+//!
+//! Cost per client: the frames come from the ring already encoded (once, for every client), a
+//! client is woken at most once per `stream::WAKE_INTERVAL` while events keep coming, and each
+//! wake-up sends everything it has as one chunk (one write). A client that does not read costs
+//! nothing once its socket is full: the server stops polling its stream until it drains.
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::HeaderMap;
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
-use futures_util::stream::Stream;
-use serde::{Deserialize, Serialize};
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use super::error::ApiError;
 use super::extract::QueryParams;
 use super::AppState;
-use crate::events::{Event, EventData};
-use crate::stream::{ClientGuard, EventHub, Read};
+use crate::events::Event;
+use crate::stream::{sse_frame, ClientGuard, EventHub, Read};
 use crate::types::ServiceName;
 
 /// Interval of the keep-alive comments.
 pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
-/// Events taken from the ring per read.
-const READ_BATCH: usize = 256;
+/// A chunk is sent once it holds this many bytes (or the client is caught up).
+const CHUNK_BYTES: usize = 64 * 1024;
+/// The keep-alive comment.
+const KEEP_ALIVE_COMMENT: &[u8] = b":\n\n";
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -65,21 +72,16 @@ impl Filter {
     }
 }
 
-/// The `data` of a stream event.
-#[derive(Serialize)]
-struct StreamData<'a> {
-    r#type: &'static str,
-    #[serde(flatten)]
-    data: EventData<'a>,
-}
-
 /// Where one client is.
 struct Client {
     hub: Arc<EventHub>,
     filter: Filter,
-    /// `seq` of the last event taken from the ring.
+    /// `seq` of the last event examined in the ring.
     cursor: u64,
-    buffer: VecDeque<(u64, Arc<Event>)>,
+    /// When the last chunk was sent: a keep-alive comment follows `KEEP_ALIVE` after it.
+    sent_at: Instant,
+    /// Whether the last poll sent a chunk (the next one yields first).
+    just_sent: bool,
     /// A `reset` to send before anything else.
     reset: Option<&'static str>,
     /// Whether a read has succeeded yet: a gap before it is a resume from too far back, a
@@ -97,7 +99,7 @@ pub async fn events_stream(
     caller: super::auth::Caller,
     headers: HeaderMap,
     QueryParams(params): QueryParams<StreamParams>,
-) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+) -> Result<Response, ApiError> {
     caller.check_list(params.prefix.as_deref(), params.service.as_deref())?;
     let filter = Filter {
         service: params
@@ -117,17 +119,18 @@ pub async fn events_stream(
     let resume_from = headers
         .get("last-event-id")
         .map(|value| value.to_str().ok().and_then(|id| hub.parse_id(id)));
-    let latest = hub.latest();
+    let latest = hub.newest();
     let (cursor, reset) = match resume_from {
         None => (latest, None),
-        Some(Some(seq)) if seq <= latest => (seq, None),
+        Some(Some(seq)) if seq <= hub.newest() => (seq, None),
         // An id from another run, unreadable, or from the future.
         Some(_) => (latest, Some("unknown Last-Event-ID: re-read the lists")),
     };
     let client = Client {
         filter,
         cursor,
-        buffer: VecDeque::new(),
+        sent_at: Instant::now(),
+        just_sent: false,
         reset,
         streaming: false,
         dropped: false,
@@ -137,44 +140,72 @@ pub async fn events_stream(
         hub,
     };
     let stream = futures_util::stream::unfold(client, |mut client| async move {
-        let event = client.next().await?;
-        Some((Ok(event), client))
+        let chunk = client.next().await?;
+        Some((Ok::<_, Infallible>(chunk), client))
     });
-    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
+    let headers = [
+        (
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        ),
+        (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+    ];
+    Ok((headers, Body::from_stream(stream)).into_response())
 }
 
 impl Client {
-    /// The next event to send; `None` ends the stream.
-    async fn next(&mut self) -> Option<SseEvent> {
+    /// The next chunk to send (frames or a keep-alive comment); `None` ends the stream.
+    async fn next(&mut self) -> Option<Bytes> {
+        if std::mem::take(&mut self.just_sent) {
+            // A chunk was just sent: let other tasks run before the next one, so that a
+            // thousand clients catching up take turns with requests instead of each writing
+            // all it can in one go.
+            tokio::task::yield_now().await;
+        }
+        let chunk = self.next_chunk().await?;
+        self.sent_at = Instant::now();
+        self.just_sent = true;
+        Some(chunk)
+    }
+
+    async fn next_chunk(&mut self) -> Option<Bytes> {
         loop {
             if *self.closing.borrow() {
                 return None;
             }
             if let Some(reason) = self.reset.take() {
-                return Some(self.reset_event(reason));
+                return Some(self.reset_frame(reason));
             }
             if self.dropped {
                 return None;
             }
-            while let Some((seq, event)) = self.buffer.pop_front() {
-                if self.filter.matches(&event) {
-                    return Some(self.hub_event(seq, &event));
-                }
-            }
             self.latest.borrow_and_update();
-            match self.hub.read_after(self.cursor, READ_BATCH) {
-                Read::Gap => self.fell_behind(),
-                Read::Events(events) if events.is_empty() => {
+            let mut chunk = Vec::new();
+            let filter = &self.filter;
+            match self
+                .hub
+                .read_into(self.cursor, |e| filter.matches(e), &mut chunk, CHUNK_BYTES)
+            {
+                Read::Gap => {
+                    self.fell_behind();
+                    continue;
+                }
+                Read::Frames { through, at_end } => {
                     self.streaming = true;
-                    tokio::select! {
-                        changed = self.latest.changed() => changed.ok()?,
-                        _ = self.closing.changed() => return None,
+                    self.cursor = through;
+                    if !chunk.is_empty() {
+                        return Some(chunk.into());
+                    }
+                    if !at_end {
+                        continue;
                     }
                 }
-                Read::Events(events) => {
-                    self.streaming = true;
-                    self.cursor = events.last().map_or(self.cursor, |(seq, _)| *seq);
-                    self.buffer.extend(events);
+            }
+            tokio::select! {
+                changed = self.latest.changed() => changed.ok()?,
+                _ = self.closing.changed() => return None,
+                _ = tokio::time::sleep_until(self.sent_at + KEEP_ALIVE) => {
+                    return Some(Bytes::from_static(KEEP_ALIVE_COMMENT));
                 }
             }
         }
@@ -191,24 +222,11 @@ impl Client {
         } else {
             self.reset = Some("Last-Event-ID is older than the event ring: re-read the lists");
         }
-        self.cursor = self.hub.latest();
+        self.cursor = self.hub.newest();
     }
 
-    fn hub_event(&self, seq: u64, event: &Event) -> SseEvent {
-        let data = StreamData {
-            r#type: event.kind.stream_name(),
-            data: event.data(),
-        };
-        SseEvent::default()
-            .id(self.hub.id_of(seq))
-            .event(event.kind.stream_name())
-            .data(serde_json::to_string(&data).expect("an event always serializes"))
-    }
-
-    fn reset_event(&self, reason: &str) -> SseEvent {
-        SseEvent::default()
-            .id(self.hub.id_of(self.cursor))
-            .event("reset")
-            .data(json!({ "type": "reset", "reason": reason }).to_string())
+    fn reset_frame(&self, reason: &str) -> Bytes {
+        let data = json!({ "type": "reset", "reason": reason }).to_string();
+        sse_frame(&self.hub.id_of(self.cursor), "reset", &data).into()
     }
 }

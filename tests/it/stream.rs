@@ -28,7 +28,16 @@ struct SseClient {
 
 impl SseClient {
     async fn connect(server: &TestServer, query: &str, last_event_id: Option<&str>) -> Self {
-        let mut request = server.client.get(server.url(&format!("/v1/events{query}")));
+        Self::connect_with(&server.client, server, query, last_event_id).await
+    }
+
+    async fn connect_with(
+        client: &reqwest::Client,
+        server: &TestServer,
+        query: &str,
+        last_event_id: Option<&str>,
+    ) -> Self {
+        let mut request = client.get(server.url(&format!("/v1/events{query}")));
         if let Some(id) = last_event_id {
             request = request.header("last-event-id", id);
         }
@@ -177,6 +186,34 @@ async fn a_client_resumes_with_last_event_id_without_losing_events() {
         resumed.next().await.data["key"],
         "r-5",
         "and then live events"
+    );
+}
+
+/// A quiet stream gets a keep-alive comment 15 s after the last thing it was sent, and the
+/// events sent meanwhile push it back. Paused time: the runtime jumps to each timer.
+#[tokio::test(start_paused = true)]
+async fn a_quiet_stream_gets_a_keep_alive_comment_every_15_s() {
+    let server = TestServer::start().await;
+    // The test server's client gives up reading after a while; paused time gets there at once.
+    let patient = reqwest::Client::new();
+    let mut client = SseClient::connect_with(&patient, &server, "", None).await;
+    let connected = tokio::time::Instant::now();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    beat(&server, json!({"key": "quiet-1"})).await;
+    let event = client.next().await;
+    assert_eq!(event.data["key"], "quiet-1");
+    let event_sent = tokio::time::Instant::now();
+    assert!(event_sent - connected < Duration::from_secs(11));
+    let chunk = tokio::time::timeout(Duration::from_secs(60), client.response.chunk())
+        .await
+        .expect("something within a minute")
+        .expect("read")
+        .expect("open");
+    assert_eq!(&chunk[..], b":\n\n", "a keep-alive comment");
+    let quiet = event_sent.elapsed();
+    assert!(
+        (Duration::from_secs(15)..Duration::from_secs(16)).contains(&quiet),
+        "15 s after the event, not after connecting: {quiet:?}"
     );
 }
 

@@ -20,6 +20,7 @@ mod receiver;
 mod soak;
 mod stats;
 mod storm;
+mod streams;
 mod wire;
 mod workload;
 
@@ -76,6 +77,9 @@ enum Mode {
     Soak(SoakArgs),
     /// A same-second expiry of many keys under heartbeat load.
     Storm(StormArgs),
+    /// Many `GET /v1/events` clients held open (idle, or reading and counting events), to
+    /// measure what they cost the server while another load runs.
+    Streams(StreamsArgs),
     /// Redis: `SET <prefix><n> 1 EX <ttl>` on random keys, Redis's single heartbeat (for
     /// `--rate` runs beside ttlwheel's; preload the keys yourself, `--no-preload` is implied).
     RedisSet(LoadArgs),
@@ -165,6 +169,18 @@ struct StormArgs {
     timeout: Duration,
     #[command(flatten)]
     receiver: ReceiverArgs,
+}
+
+#[derive(Args, Debug)]
+struct StreamsArgs {
+    #[arg(long, default_value_t = 1000)]
+    clients: usize,
+    /// Read the streams and count their events; without it the clients never read.
+    #[arg(long)]
+    read: bool,
+    /// How long the clients stay connected.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    duration: Duration,
 }
 
 #[derive(Args, Debug)]
@@ -289,6 +305,27 @@ async fn run(cli: Cli) -> Result<bool, String> {
             );
             print_result("soak", &outcome);
             Ok(outcome.counts.clean() && outcome.heartbeats_failed == 0)
+        }
+        Mode::Streams(args) => {
+            let outcome = streams::run(streams::Settings {
+                address: target,
+                clients: args.clients,
+                read: args.read,
+                duration: args.duration,
+            })
+            .await?;
+            println!(
+                "streams: {} clients ({}): {} events received (per client {}..{}), {} resets, {} ended early",
+                outcome.clients,
+                if outcome.read { "reading" } else { "idle" },
+                outcome.events,
+                outcome.events_min,
+                outcome.events_max,
+                outcome.resets,
+                outcome.ended
+            );
+            print_result("streams", &outcome);
+            Ok(true)
         }
         Mode::Storm(args) => {
             let arrivals = start_receiver(&target, &args.receiver).await?;

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# What live-stream clients cost: single-heartbeat creations (closed loop, CONNECTIONS
+# connections, every heartbeat a new key, so every one is a `registered` event) with no
+# `GET /v1/events` clients, with CLIENTS idle ones (connected, never reading) and with CLIENTS
+# reading ones (`ttlwheel-load streams`). An open-loop sampler sends RATE single heartbeats/s on
+# other keys meanwhile (latency from each scheduled time). Persistence on, as a user runs it.
+# Reports creations/s, the sampler's p99, the server's CPU time (user + system, /proc/<pid>/stat)
+# per event, and for reading clients per event per stream.
+#
+# Clients are connected and a WARMUP of creations runs before the measured run: idle clients'
+# socket buffers fill then (once per client; the time it takes is printed), and what is measured
+# is what they cost from then on.
+#
+# Usage: bash bench/streams.sh     CLIENTS=1000 DURATION=10s WARMUP=5s RATE=200 CONNECTIONS=50
+# The server binds 127.0.0.1 only and is stopped by PID. Results: target/bench-streams/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CLIENTS=${CLIENTS:-1000}
+DURATION=${DURATION:-10s}
+WARMUP=${WARMUP:-5s}
+RATE=${RATE:-200}
+CONNECTIONS=${CONNECTIONS:-50}
+SCENARIOS=${SCENARIOS:-none idle reading}
+PORT=${PORT:-17919}
+OUT=${OUT:-target/bench-streams}
+mkdir -p "$OUT"
+cargo build --release -q -p ttlwheel -p ttlwheel-load
+SERVER=${SERVER:-target/release/ttlwheel}
+LOAD=target/release/ttlwheel-load
+TARGET="127.0.0.1:$PORT"
+. bench/lib.sh
+ulimit -n 65536 2>/dev/null || true
+
+cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"; }
+result() { # log, dotted path
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+line = [l for l in open(sys.argv[1]) if l.startswith("RESULT ")][-1]
+value = json.loads(line[len("RESULT "):])["outcome"]
+for part in sys.argv[2].split("."):
+    value = value[part]
+print(value)
+PY
+}
+seconds=${DURATION%s}
+
+for scenario in $SCENARIOS; do
+  serve --data-dir "$OUT/data" --max-stream-clients $((CLIENTS + 10))
+  # The sampler's keys exist before the clients connect.
+  "$LOAD" --target "$TARGET" heartbeat --keys 1000 --prefix probe- --ttl 3600s --duration 0s \
+    --warmup 0s --connections 4 >/dev/null 2>&1
+  STREAMS=
+  if [ "$scenario" != none ]; then
+    read_flag=; [ "$scenario" = reading ] && read_flag=--read
+    "$LOAD" --target "$TARGET" --threads 1 streams --clients "$CLIENTS" $read_flag \
+      --duration "$((seconds + ${WARMUP%s} + 3))s" >"$OUT/streams-$scenario.log" 2>&1 &
+    STREAMS=$!
+    until grep -q connected "$OUT/streams-$scenario.log" 2>/dev/null; do sleep 0.1; done
+  fi
+  "$LOAD" --target "$TARGET" heartbeat --sequential --no-preload --keys 1000000000 \
+    --prefix "w-$scenario-" --ttl 3600s --connections "$CONNECTIONS" --warmup 0s \
+    --duration "$WARMUP" >"$OUT/warmup-$scenario.log" 2>&1
+  echo "$scenario: warm-up $(result "$OUT/warmup-$scenario.log" requests_per_s | cut -d. -f1) creations/s, p99 $(result "$OUT/warmup-$scenario.log" latency.p99) ms (closed loop)"
+  "$LOAD" --target "$TARGET" heartbeat --keys 1000 --prefix probe- --ttl 3600s --no-preload \
+    --rate "$RATE" --connections 4 --warmup 0s --duration "$DURATION" \
+    >"$OUT/sampler-$scenario.log" 2>&1 &
+  SAMPLER=$!
+  before=$(cpu_s "$PID")
+  "$LOAD" --target "$TARGET" heartbeat --sequential --no-preload --keys 1000000000 \
+    --prefix "c-$scenario-" --ttl 3600s --connections "$CONNECTIONS" --warmup 0s \
+    --duration "$DURATION" >"$OUT/creations-$scenario.log" 2>&1
+  wait "$SAMPLER"
+  after=$(cpu_s "$PID")
+  [ -n "$STREAMS" ] && wait "$STREAMS"
+  creations=$(result "$OUT/creations-$scenario.log" requests)
+  rate=$(result "$OUT/creations-$scenario.log" requests_per_s)
+  p99=$(result "$OUT/sampler-$scenario.log" latency.p99)
+  max=$(result "$OUT/sampler-$scenario.log" latency.max)
+  line=$(awk -v s="$scenario" -v c="$creations" -v r="$rate" -v p="$p99" -v m="$max" \
+    -v a="$after" -v b="$before" -v n="$CLIENTS" 'BEGIN {
+      cpu = a - b; events = c + 0
+      printf "%s: %.0f creations/s, sampler p99 %.2f ms max %.2f ms, server CPU %.2f s = %.2f us per event",
+        s, r, p, m, cpu, cpu * 1e6 / events
+      if (s == "reading") printf " = %.1f ns per event per stream", cpu * 1e9 / events / n
+    }')
+  if [ -n "$STREAMS" ]; then
+    line="$line; $(grep '^streams:.*received' "$OUT/streams-$scenario.log" | sed 's/^streams: //')"
+  fi
+  echo "$line" | tee -a "$OUT/results.txt"
+  stop
+done

@@ -21,7 +21,10 @@ sleep 0.5
     --connections 50 --duration 14s --warmup 1s >"$OUT/load.log" 2>&1 &
 LOAD=$!
 sleep 8 # past the preload of 1M keys and the warm-up
+cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"; }
+cpu_before=$(cpu_s "$SERVER")
 perf record -g -e cpu-clock -F 2000 -p "$SERVER" -o "$OUT/perf.data" -- sleep 6 2>/dev/null
+cpu_after=$(cpu_s "$SERVER")
 wait "$LOAD" || true
 perf script -i "$OUT/perf.data" 2>/dev/null | inferno-collapse-perf >"$OUT/heartbeat.folded"
 inferno-flamegraph --title "ttlwheel: POST /v1/heartbeats, 50 connections" \
@@ -51,3 +54,8 @@ for name, count in totals.most_common():
     print(f"{100 * count / total:5.1f}%  {name}")
 PY
 grep -E "req/s|latency" "$OUT/load.log"
+# Server CPU (user + system) per request over the sampled 6 s, at the run's mean request rate.
+rate=$(grep -o '[0-9]* req/s' "$OUT/load.log" | head -1 | cut -d' ' -f1)
+awk -v a="$cpu_after" -v b="$cpu_before" -v r="$rate" 'BEGIN {
+  printf "server CPU: %.2f s in 6 s at %d req/s = %.1f us per request\n", a - b, r, (a - b) * 1e6 / (r * 6)
+}' | tee -a "$OUT/summary.txt"

@@ -12,6 +12,7 @@
 # is what they cost from then on.
 #
 # Usage: bash bench/streams.sh     CLIENTS=1000 DURATION=10s WARMUP=5s RATE=200 CONNECTIONS=50
+# SERVER_ARGS adds server flags (e.g. --socket-send-buffer 0, to compare).
 # The server binds 127.0.0.1 only and is stopped by PID. Results: target/bench-streams/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,7 +47,8 @@ PY
 seconds=${DURATION%s}
 
 for scenario in $SCENARIOS; do
-  serve --data-dir "$OUT/data" --max-stream-clients $((CLIENTS + 10))
+  # shellcheck disable=SC2086
+  serve --data-dir "$OUT/data" --max-stream-clients $((CLIENTS + 10)) ${SERVER_ARGS:-}
   # The sampler's keys exist before the clients connect.
   "$LOAD" --target "$TARGET" heartbeat --keys 1000 --prefix probe- --ttl 3600s --duration 0s \
     --warmup 0s --connections 4 >/dev/null 2>&1

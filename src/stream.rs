@@ -286,6 +286,9 @@ pub async fn feed(mut events: EventReceiver, hub: Arc<EventHub>, observe: impl F
                 batch.iter().for_each(&observe);
                 hub.append(batch.drain(..));
                 unannounced = true;
+                // Let other tasks run between batches (see `notify::dispatch`): a mass expiry
+                // is a million events.
+                tokio::task::yield_now().await;
             }
             Ok(None) => {} // time to announce
             Err(Closed) => {

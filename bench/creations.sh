@@ -20,9 +20,6 @@ LOAD=target/release/ttlwheel-load
 TARGET="127.0.0.1:$PORT"
 . bench/lib.sh
 
-# CPU seconds (user + system) process $1 has used so far.
-cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"; }
-
 : >"$OUT/results.tsv"
 for round in $(seq "$ROUNDS"); do
   for mode in persistent ephemeral; do

@@ -21,3 +21,18 @@ serve() {
 
 # Resident memory of process $1, in KiB.
 rss_kb() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
+
+# CPU seconds (user + system) process $1 has used so far.
+cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"; }
+
+# The field at a dotted path (e.g. latency.p99) in the last RESULT line ttlwheel-load wrote to $1.
+result() {
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+line = [l for l in open(sys.argv[1]) if l.startswith("RESULT ")][-1]
+value = json.loads(line[len("RESULT "):])["outcome"]
+for part in sys.argv[2].split("."):
+    value = value[part]
+print(value)
+PY
+}

@@ -33,17 +33,6 @@ TARGET="127.0.0.1:$PORT"
 . bench/lib.sh
 ulimit -n 65536 2>/dev/null || true
 
-cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"; }
-result() { # log, dotted path
-    python3 - "$1" "$2" <<'PY'
-import json, sys
-line = [l for l in open(sys.argv[1]) if l.startswith("RESULT ")][-1]
-value = json.loads(line[len("RESULT "):])["outcome"]
-for part in sys.argv[2].split("."):
-    value = value[part]
-print(value)
-PY
-}
 seconds=${DURATION%s}
 
 for scenario in $SCENARIOS; do

@@ -80,8 +80,6 @@ struct Client {
     cursor: u64,
     /// When the last chunk was sent: a keep-alive comment follows `KEEP_ALIVE` after it.
     sent_at: Instant,
-    /// Whether the last poll sent a chunk (the next one yields first).
-    just_sent: bool,
     /// A `reset` to send before anything else.
     reset: Option<&'static str>,
     /// Whether a read has succeeded yet: a gap before it is a resume from too far back, a
@@ -119,18 +117,17 @@ pub async fn events_stream(
     let resume_from = headers
         .get("last-event-id")
         .map(|value| value.to_str().ok().and_then(|id| hub.parse_id(id)));
-    let latest = hub.newest();
+    let newest = hub.newest();
     let (cursor, reset) = match resume_from {
-        None => (latest, None),
-        Some(Some(seq)) if seq <= hub.newest() => (seq, None),
+        None => (newest, None),
+        Some(Some(seq)) if seq <= newest => (seq, None),
         // An id from another run, unreadable, or from the future.
-        Some(_) => (latest, Some("unknown Last-Event-ID: re-read the lists")),
+        Some(_) => (newest, Some("unknown Last-Event-ID: re-read the lists")),
     };
     let client = Client {
         filter,
         cursor,
         sent_at: Instant::now(),
-        just_sent: false,
         reset,
         streaming: false,
         dropped: false,
@@ -156,15 +153,11 @@ pub async fn events_stream(
 impl Client {
     /// The next chunk to send (frames or a keep-alive comment); `None` ends the stream.
     async fn next(&mut self) -> Option<Bytes> {
-        if std::mem::take(&mut self.just_sent) {
-            // A chunk was just sent: let other tasks run before the next one, so that a
-            // thousand clients catching up take turns with requests instead of each writing
-            // all it can in one go.
-            tokio::task::yield_now().await;
-        }
+        // Let other tasks run between chunks, so that a thousand clients catching up take
+        // turns with requests instead of each writing all it can in one go.
+        tokio::task::yield_now().await;
         let chunk = self.next_chunk().await?;
         self.sent_at = Instant::now();
-        self.just_sent = true;
         Some(chunk)
     }
 

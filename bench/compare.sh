@@ -34,6 +34,8 @@ TW_PORT=17878 TW1_PORT=17879 RECEIVER=127.0.0.1:19797 REDIS_PORT=16379 ETCD_PORT
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 LOAD=target/release/ttlwheel-load
+# rss_kb and result; this script's own `stop` (by PID argument) and trap replace the library's.
+. bench/lib.sh
 PIDS=()
 cleanup() {
     for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
@@ -56,20 +58,6 @@ ensure_packages() {
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
     fi
     # The Debian package starts a system Redis; it is left alone (ours uses its own port).
-}
-
-rss_kb() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
-
-# The field at a dotted path in the tool's RESULT line of a log.
-result() {
-    python3 - "$1" "$2" <<'PY'
-import json, sys
-line = [l for l in open(sys.argv[1]) if l.startswith("RESULT ")][-1]
-value = json.loads(line[len("RESULT "):])["outcome"]
-for part in sys.argv[2].split("."):
-    value = value[part]
-print(value)
-PY
 }
 
 wait_http() { # url

@@ -1,5 +1,7 @@
-# Helpers shared by the bench scripts that run one server at a time (source it after `cd` to the
-# repository root): the server's PID, stopping it (also on exit), and the median of a column.
+# Helpers shared by the bench scripts (source it after `cd` to the repository root): for scripts
+# that run one server at a time, the server's PID and stopping it (also on exit; compare.sh
+# replaces both with its own); for all, the median of a column, a process's RSS and CPU time,
+# and a field of ttlwheel-load's RESULT line.
 PID=
 
 # Stops the server started last, if any (by PID: servers bind 127.0.0.1 only).

@@ -99,7 +99,8 @@ impl EventHub {
         }
     }
 
-    /// Appends events and wakes the readers.
+    /// Appends events and wakes the readers at once (tests; `feed` paces its wake-ups).
+    #[cfg(test)]
     pub fn push(&self, events: impl IntoIterator<Item = Event>) {
         self.append(events);
         self.wake();
@@ -181,7 +182,8 @@ impl EventHub {
         ring.first_seq + ring.slots.len() as u64 - 1
     }
 
-    /// The newest `seq` readers were told of: a new client starts after it.
+    /// The newest `seq` readers were told of (tests; clients start after [`EventHub::newest`]).
+    #[cfg(test)]
     pub fn latest(&self) -> u64 {
         *self.latest.borrow()
     }

@@ -8,6 +8,8 @@
 //!   falls more than `capacity` events behind is told (`reset`), dropped and counted.
 //! - Event ids are `<run>-<seq>`, where `run` is random per process: a client resuming with an
 //!   id from another run (or from before the ring) gets a `reset` instead of a silent gap.
+//! - A slot's SSE frame, once encoded, is the frame of that event for every client (it depends
+//!   only on the run, the `seq` and the event).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -38,9 +38,15 @@ pub struct Config {
     #[arg(long, env = "TTLWHEEL_LISTEN", default_value = "127.0.0.1:7878")]
     pub listen: SocketAddr,
 
-    /// Threads that serve requests and run the ticker and webhook delivery (0: one per core).
-    /// `1` runs everything on one event loop, as Redis does: on a small machine shared with
-    /// other busy processes it avoids waking a second thread for each request.
+    /// How requests are served. `per-core`: each connection is served, for its whole life, by
+    /// one of `--threads` serving threads (each an event loop of its own); the ticker has a
+    /// thread of its own and webhook delivery runs beside them. `shared`: one work-stealing
+    /// runtime of `--threads` workers runs everything (`--threads 1`: one event loop, as Redis).
+    #[arg(long, env = "TTLWHEEL_SERVING", value_enum, default_value_t = Serving::PerCore)]
+    pub serving: Serving,
+
+    /// Threads that serve requests (0: one per core). With `--serving shared`, the runtime's
+    /// worker threads, which also run the ticker and webhook delivery.
     #[arg(long, env = "TTLWHEEL_THREADS", default_value_t = 0,
           value_parser = clap::value_parser!(u16).range(0..=1024))]
     pub threads: u16,
@@ -356,6 +362,13 @@ impl Config {
 }
 
 /// An on/off flag.
+/// `--serving`: see [`crate::placement`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Serving {
+    PerCore,
+    Shared,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Switch {
     On,
@@ -480,6 +493,14 @@ impl Config {
     /// cannot share one data directory).
     pub fn ephemeral() -> Self {
         Self::parse_from(["ttlwheel", "--ephemeral"])
+    }
+
+    /// Serving threads: `--threads`, or one per core when 0.
+    pub fn serving_threads(&self) -> usize {
+        match self.threads {
+            0 => std::thread::available_parallelism().map_or(1, usize::from),
+            threads => usize::from(threads),
+        }
     }
 
     /// The data directory, unless running memory-only.

@@ -28,6 +28,7 @@ pub mod http;
 pub mod metrics;
 pub mod notify;
 pub mod persist;
+pub mod placement;
 pub mod registry;
 pub mod routes;
 pub mod stream;
@@ -45,6 +46,7 @@ use metrics::Metrics;
 use notify::Notifier;
 use persist::journal::FsyncMode;
 use persist::store::DataDir;
+use placement::Placement;
 use registry::{Registry, RegistryConfig};
 use stream::EventHub;
 use types::Ttl;
@@ -115,6 +117,8 @@ pub struct Service {
     auth: Option<Arc<auth::Auth>>,
     /// HTTPS, reloaded on SIGHUP and when its files change; `None`: plain HTTP.
     tls: Option<Arc<edge::tls::Tls>>,
+    /// The runtimes connections and the ticker run on.
+    placement: Placement,
 }
 
 /// Records appended since the last snapshot that make the next one due: the log then holds
@@ -125,9 +129,16 @@ const SNAPSHOT_CHECK: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Service {
     /// Builds every part from `config` and starts the background tasks (recovery from the data
-    /// directory, then the ticker and snapshots; webhook delivery; the event feed). Must be
-    /// called within a tokio runtime. Fails at once if the data directory is in use.
+    /// directory, then the ticker and snapshots; webhook delivery; the event feed), everything
+    /// on the current runtime ([`Placement::shared`]). Must be called within a tokio runtime.
+    /// Fails at once if the data directory is in use.
     pub fn start(config: &Config) -> std::io::Result<Self> {
+        Self::start_on(config, Placement::shared())
+    }
+
+    /// [`Service::start`], with connections and the ticker on `placement`'s runtimes (the rest
+    /// on the current one).
+    pub fn start_on(config: &Config, placement: Placement) -> std::io::Result<Self> {
         let registry = Arc::new(Registry::new(registry_config(config), Instant::now()));
         let default_ttl = Ttl::from_secs(config.default_ttl)
             .map_err(|invalid| std::io::Error::new(std::io::ErrorKind::InvalidInput, invalid))?;
@@ -181,7 +192,7 @@ impl Service {
         let ready = Arc::new(std::sync::atomic::AtomicBool::new(persistence.is_none()));
         let (stop_ticker, stopped) = tokio::sync::watch::channel(false);
         let (failed, recovery_failed) = tokio::sync::oneshot::channel();
-        let lifecycle = tokio::spawn(lifecycle(Lifecycle {
+        let lifecycle = placement.ticker().spawn(lifecycle(Lifecycle {
             registry: Arc::clone(&registry),
             notifier: Arc::clone(&notifier),
             persistence: persistence.clone(),
@@ -227,6 +238,7 @@ impl Service {
             edge_stats,
             auth,
             tls,
+            placement,
         })
     }
 
@@ -249,6 +261,7 @@ impl Service {
         let tls_watcher = self.tls.clone().map(|tls| tokio::spawn(tls.watch_files()));
         let served = edge::serve(
             listener,
+            &self.placement,
             self.app,
             self.edge_limits,
             self.edge_stats,
@@ -479,11 +492,22 @@ async fn close_data_dir(registry: Arc<Registry>, notifier: Arc<Notifier>, dir: A
     }
 }
 
-/// Serves the API on `listener` until `shutdown` resolves (see [`Service::serve`]).
+/// Serves the API on `listener` until `shutdown` resolves (see [`Service::serve`]), everything
+/// on the current runtime: the binary's default, `--serving per-core`, is
+/// `Service::start_on(config, placement(config)?)`.
 pub async fn run(
     listener: TcpListener,
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     Service::start(&config)?.serve(listener, shutdown).await
+}
+
+/// The placement `--serving` and `--threads` ask for: per-core with one serving thread per core
+/// (or `--threads`), or everything on the current runtime.
+pub fn placement(config: &Config) -> std::io::Result<Placement> {
+    match config.serving {
+        config::Serving::PerCore => Placement::per_core(config.serving_threads()),
+        config::Serving::Shared => Ok(Placement::shared()),
+    }
 }

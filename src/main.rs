@@ -6,7 +6,7 @@ use anyhow::Context;
 use clap::Parser;
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
-use ttlwheel::config::{Command, Config, LogFormat, TokenCommand};
+use ttlwheel::config::{Command, Config, LogFormat, Serving, TokenCommand};
 
 /// mimalloc rather than glibc's malloc: under steady renewals glibc kept freed bucket memory and
 /// RSS crept up for minutes; see BENCHMARKS.md, "Allocator", for the figures.
@@ -27,10 +27,14 @@ fn main() -> anyhow::Result<()> {
     config
         .check_secure_start()
         .map_err(|refusal| anyhow::anyhow!(refusal))?;
-    let mut runtime = match config.threads {
-        1 => tokio::runtime::Builder::new_current_thread(),
-        0 => tokio::runtime::Builder::new_multi_thread(),
-        threads => {
+    // Per-core serving starts its own threads for connections and the ticker; the main thread's
+    // event loop keeps the rest (accepting, webhook delivery, the stream feed).
+    let mut runtime = match (config.serving, config.threads) {
+        (Serving::PerCore, _) | (Serving::Shared, 1) => {
+            tokio::runtime::Builder::new_current_thread()
+        }
+        (Serving::Shared, 0) => tokio::runtime::Builder::new_multi_thread(),
+        (Serving::Shared, threads) => {
             let mut builder = tokio::runtime::Builder::new_multi_thread();
             builder.worker_threads(usize::from(threads));
             builder
@@ -48,8 +52,11 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let address = listener.local_addr().context("reading the bound address")?;
-    tracing::info!(%address, max_ttl_s = config.max_ttl, default_ttl_s = config.default_ttl, "ttlwheel listening on http://{address}");
-    ttlwheel::run(listener, config, shutdown_signal())
+    tracing::info!(%address, max_ttl_s = config.max_ttl, default_ttl_s = config.default_ttl, serving = ?config.serving, threads = config.serving_threads(), "ttlwheel listening on http://{address}");
+    let placement = ttlwheel::placement(&config).context("starting the serving threads")?;
+    ttlwheel::Service::start_on(&config, placement)
+        .context("ttlwheel cannot start")?
+        .serve(listener, shutdown_signal())
         .await
         .context("ttlwheel cannot go on")?;
     tracing::info!("ttlwheel stopped");

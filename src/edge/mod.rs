@@ -12,6 +12,9 @@
 //! - With TLS ([`tls`]), the handshake must finish within `--tls-handshake-timeout`, in the
 //!   connection's own task (a slow handshake never holds up accepting).
 //!
+//! - Accepting happens here, on the caller's runtime; each connection is then served, round
+//!   robin, on one of the serving runtimes ([`crate::placement`]) for its whole life.
+//!
 //! Axum and hyper stay the HTTP stack: this is hyper-util's connection builder with a timer,
 //! which `axum::serve` does not install (so hyper's header timeout never fired). Shutdown is
 //! graceful: stop accepting, let in-flight requests finish, close idle connections.
@@ -27,8 +30,10 @@ use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
+
+use crate::placement::Placement;
 
 /// File descriptors kept for everything that is not a client connection (the data directory,
 /// webhook connections, the runtime).
@@ -89,9 +94,11 @@ pub fn default_max_connections(open_files: u64) -> usize {
 }
 
 /// Serves `app` on `listener` until `shutdown` resolves, then stops accepting and returns once
-/// every connection has finished its in-flight request.
+/// every connection has finished its in-flight request. Connections are served on `placement`'s
+/// serving runtimes in turn.
 pub async fn serve(
     listener: TcpListener,
+    placement: &Placement,
     app: Router,
     limits: EdgeLimits,
     stats: Arc<EdgeStats>,
@@ -106,6 +113,7 @@ pub async fn serve(
         .header_read_timeout(limits.header_read_timeout);
     tokio::pin!(shutdown);
     let mut last_warned: Option<std::time::Instant> = None;
+    let mut next_runtime = placement.serving().iter().cycle();
     loop {
         // A connection slot first: at the cap, accepting waits (the kernel's backlog holds the
         // newcomers) instead of taking a connection the process cannot serve.
@@ -145,42 +153,73 @@ pub async fn serve(
         if let Some(bytes) = limits.send_buffer {
             let _ = socket2::SockRef::from(&stream).set_send_buffer_size(bytes);
         }
+        let Some(stream) = Moving::start(stream, placement.is_per_core()) else {
+            continue;
+        };
+        let runtime = next_runtime.next().expect("serving is never empty");
         let service = TowerToHyperService::new(app.clone());
         stats.accepted.fetch_add(1, Ordering::Relaxed);
         stats.open.fetch_add(1, Ordering::Relaxed);
         let stats = Arc::clone(&stats);
+        let (builder, watcher) = (builder.clone(), graceful.watcher());
+        let tls = tls
+            .as_ref()
+            .map(|tls| (tls.acceptor(), limits.tls_handshake_timeout));
         // A connection ends in an error when a client goes away mid-request, misses a timeout
         // or fails the handshake: that is the client's business, not worth a log line.
-        match &tls {
-            None => {
-                let connection =
-                    graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
-                tokio::spawn(async move {
-                    let _ = connection.await;
-                    stats.open.fetch_sub(1, Ordering::Relaxed);
-                    drop(permit);
-                });
-            }
-            Some(tls) => {
-                let (acceptor, builder) = (tls.acceptor(), builder.clone());
-                let handshake_timeout = limits.tls_handshake_timeout;
-                let watcher = graceful.watcher();
-                tokio::spawn(async move {
-                    if let Ok(Ok(stream)) =
-                        tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await
-                    {
+        runtime.spawn(async move {
+            if let Some(stream) = stream.into_tokio() {
+                match tls {
+                    None => {
                         let connection = builder.serve_connection(TokioIo::new(stream), service);
                         let _ = watcher.watch(connection).await;
                     }
-                    stats.open.fetch_sub(1, Ordering::Relaxed);
-                    drop(permit);
-                });
+                    Some((acceptor, handshake_timeout)) => {
+                        if let Ok(Ok(stream)) =
+                            tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await
+                        {
+                            let connection =
+                                builder.serve_connection(TokioIo::new(stream), service);
+                            let _ = watcher.watch(connection).await;
+                        }
+                    }
+                }
             }
-        }
+            stats.open.fetch_sub(1, Ordering::Relaxed);
+            drop(permit);
+        });
     }
     drop(listener);
     graceful.shutdown().await;
     Ok(())
+}
+
+/// An accepted connection on its way to the runtime that will serve it.
+enum Moving {
+    /// Served where it was accepted.
+    Here(TcpStream),
+    /// Deregistered from the accepting runtime; registered again by the one it goes to.
+    Away(std::net::TcpStream),
+}
+
+impl Moving {
+    /// Readies `stream` to be served on another runtime if it goes `away`; `None` if it cannot
+    /// be (the connection is then closed).
+    fn start(stream: TcpStream, away: bool) -> Option<Self> {
+        if !away {
+            return Some(Moving::Here(stream));
+        }
+        stream.into_std().ok().map(Moving::Away)
+    }
+
+    /// The stream registered with the current runtime; `None` if that fails (the connection is
+    /// then closed).
+    fn into_tokio(self) -> Option<TcpStream> {
+        match self {
+            Moving::Here(stream) => Some(stream),
+            Moving::Away(stream) => TcpStream::from_std(stream).ok(),
+        }
+    }
 }
 
 #[cfg(test)]

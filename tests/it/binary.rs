@@ -100,6 +100,7 @@ fn help_documents_every_flag_and_its_environment_variable() {
         "TTLWHEEL_WEBHOOK_MAX_ATTEMPTS",
         "TTLWHEEL_DATA_DIR",
         "TTLWHEEL_FSYNC",
+        "TTLWHEEL_SERVING",
     ] {
         assert!(help.contains(env), "{env} missing from --help");
     }
@@ -107,20 +108,27 @@ fn help_documents_every_flag_and_its_environment_variable() {
 
 #[test]
 fn the_binary_logs_where_it_listens_serves_and_exits_zero_on_sigterm() {
-    // One thread per core (the default) and the single event loop of `--threads 1`.
-    for threads in ["0", "1"] {
-        serves_and_exits_zero_on_sigterm(threads);
+    // Per-core serving (the default) and one shared runtime, each with one thread per core (the
+    // default) and with one thread (`--threads 1`: per-core, a single serving thread; shared,
+    // the single event loop).
+    for serving in ["per-core", "shared"] {
+        for threads in ["0", "1"] {
+            serves_and_exits_zero_on_sigterm(serving, threads);
+        }
     }
 }
 
-fn serves_and_exits_zero_on_sigterm(threads: &str) {
-    let data_dir =
-        std::env::temp_dir().join(format!("ttlwheel-binary-{}-{threads}", std::process::id()));
+fn serves_and_exits_zero_on_sigterm(serving: &str, threads: &str) {
+    let data_dir = std::env::temp_dir().join(format!(
+        "ttlwheel-binary-{}-{serving}-{threads}",
+        std::process::id()
+    ));
     let _ = std::fs::remove_dir_all(&data_dir);
     let mut child = Command::new(BINARY)
         .env("TTLWHEEL_LISTEN", "127.0.0.1:0")
         .env("TTLWHEEL_DATA_DIR", &data_dir)
         .env("TTLWHEEL_THREADS", threads)
+        .env("TTLWHEEL_SERVING", serving)
         .env_remove("RUST_LOG")
         .stderr(Stdio::piped())
         .spawn()

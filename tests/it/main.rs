@@ -19,6 +19,7 @@ mod receiver;
 mod restart;
 mod robustness;
 mod server;
+mod serving;
 mod slow_clients;
 mod stalls;
 mod stream;

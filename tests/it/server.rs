@@ -10,6 +10,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use ttlwheel::config::Config;
 use ttlwheel::metrics::Metrics;
+use ttlwheel::placement::Placement;
 use ttlwheel::Service;
 
 pub struct TestServer {
@@ -28,10 +29,15 @@ impl TestServer {
     }
 
     pub async fn with_config(config: Config) -> Self {
+        Self::with_placement(config, Placement::shared()).await
+    }
+
+    /// With connections and the ticker on `placement`'s runtimes (see `ttlwheel::placement`).
+    pub async fn with_placement(config: Config, placement: Placement) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
         let base = format!("http://{}", listener.local_addr().expect("bound"));
         let (stop, stopped) = oneshot::channel::<()>();
-        let service = Service::start(&config).expect("the service starts");
+        let service = Service::start_on(&config, placement).expect("the service starts");
         let metrics = Arc::clone(service.metrics());
         let task = tokio::spawn(service.serve(listener, async {
             let _ = stopped.await;

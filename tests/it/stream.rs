@@ -14,14 +14,14 @@ const PATIENCE: Duration = Duration::from_secs(20);
 
 /// One Server-Sent Event.
 #[derive(Debug, Clone)]
-struct Sse {
-    id: String,
-    event: String,
-    data: Value,
+pub(crate) struct Sse {
+    pub(crate) id: String,
+    pub(crate) event: String,
+    pub(crate) data: Value,
 }
 
 /// A real SSE client: a streaming HTTP response parsed frame by frame.
-struct SseClient {
+pub(crate) struct SseClient {
     response: reqwest::Response,
     pending: String,
 }
@@ -31,7 +31,7 @@ impl SseClient {
         Self::connect_with(&server.client, server, query, last_event_id).await
     }
 
-    async fn connect_with(
+    pub(crate) async fn connect_with(
         client: &reqwest::Client,
         server: &TestServer,
         query: &str,
@@ -51,7 +51,7 @@ impl SseClient {
     }
 
     /// The next event (comments skipped), or panics after `PATIENCE`.
-    async fn next(&mut self) -> Sse {
+    pub(crate) async fn next(&mut self) -> Sse {
         tokio::time::timeout(PATIENCE, self.next_inner())
             .await
             .expect("an event within the patience")
@@ -89,7 +89,7 @@ impl SseClient {
     }
 
     /// Whether the server ends the stream (within the patience).
-    async fn ends(&mut self) -> bool {
+    pub(crate) async fn ends(&mut self) -> bool {
         tokio::time::timeout(PATIENCE, async {
             loop {
                 match self.response.chunk().await {

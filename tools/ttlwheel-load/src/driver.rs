@@ -99,6 +99,12 @@ pub struct PhaseStats {
     /// Requests that got no response (connection errors) or a non-2xx status.
     pub errors: u64,
     pub latencies: Durations,
+    /// Open loop: how late the tool itself woke for requests it had to wait for (its timer and
+    /// its thread's share of the CPU), which the latencies include but the server did not cause.
+    pub wake_lag: Durations,
+    /// From each request's write to its answer: the latency without the time a request waited
+    /// for its connection (open loop, a connection sends one request at a time).
+    pub round_trips: Durations,
 }
 
 impl PhaseStats {
@@ -108,6 +114,8 @@ impl PhaseStats {
         self.failed_items += other.failed_items;
         self.errors += other.errors;
         self.latencies.merge(&other.latencies);
+        self.wake_lag.merge(&other.wake_lag);
+        self.round_trips.merge(&other.round_trips);
     }
 }
 
@@ -117,9 +125,11 @@ pub struct Load {
 }
 
 impl Load {
-    /// Starts `connections` connections to `address`, counting into `n_phases` phases; with a
-    /// `rate` (requests per second, all connections together), open loop.
+    /// Starts `connections` connections to `address` on `runtime`, counting into `n_phases`
+    /// phases; with a `rate` (requests per second, all connections together), open loop.
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
+        runtime: &tokio::runtime::Handle,
         address: &str,
         connections: usize,
         n_phases: usize,
@@ -137,7 +147,7 @@ impl Load {
                 let rng = fastrand::Rng::with_seed(seed.wrapping_add(index as u64));
                 let schedule =
                     rate.map(|rate| Schedule::of_connection(start, rate, index, connections));
-                tokio::spawn(connection(
+                runtime.spawn(connection(
                     address, n_phases, phases, workload, rng, schedule,
                 ))
             })
@@ -221,19 +231,23 @@ async fn connection(
         }
         // Open loop: wait for the request's time; a request already due (the connection was
         // busy) goes at once, its latency still counted from when it was due.
-        let due = match &mut schedule {
+        let (due, woke_late) = match &mut schedule {
             Some(schedule) => {
                 let due = schedule.next_due();
+                let waits = due > Instant::now();
                 tokio::time::sleep_until(due).await;
                 if phases.get() == STOP {
                     return stats;
                 }
-                Some(due)
+                (Some(due), waits.then(|| due.elapsed()))
             }
-            None => None,
+            None => (None, None),
         };
         let phase = phases.get();
         let phase_stats = &mut stats[phase.min(n_phases - 1)];
+        if let Some(lag) = woke_late {
+            phase_stats.wake_lag.record(lag);
+        }
         let Some(open) = connected(&mut conn, &address, protocol).await else {
             phase_stats.errors += 1;
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -241,10 +255,12 @@ async fn connection(
         };
         request.clear();
         let items = workload.request(&mut rng, &mut request);
-        let started = due.unwrap_or_else(Instant::now);
+        let sent = Instant::now();
+        let started = due.unwrap_or(sent);
         match open.exchange(&request).await {
             Ok(response) => {
                 phase_stats.latencies.record(started.elapsed());
+                phase_stats.round_trips.record(sent.elapsed());
                 phase_stats.requests += 1;
                 phase_stats.items += items;
                 if (200..300).contains(&response.status) {

@@ -116,6 +116,9 @@ struct LoadArgs {
     sequential: bool,
     #[arg(long, default_value = "load-", value_parser = workload::check_prefix)]
     prefix: String,
+    /// Single heartbeats ask for `Prefer: return=minimal`: answered 204 with no body.
+    #[arg(long)]
+    prefer_minimal: bool,
 }
 
 #[derive(Args, Debug)]
@@ -227,6 +230,7 @@ async fn run(cli: Cli) -> Result<bool, String> {
                 keys: args.keys,
                 ttl: args.ttl,
                 order: args.key_order(),
+                minimal: args.prefer_minimal,
             });
             run_load(&target, &args, workload, "heartbeat", cli.seed).await
         }
@@ -367,6 +371,14 @@ async fn run(cli: Cli) -> Result<bool, String> {
                 "storm: heartbeats during {:.0}/s {}",
                 outcome.heartbeats_per_s_during, outcome.heartbeat_during
             );
+            println!(
+                "storm: heartbeats during, round trip only (write to answer) {}",
+                outcome.round_trip_during
+            );
+            println!(
+                "storm: the sender's own wake-up lag during (not the server's) {}",
+                outcome.sender_wake_lag_during
+            );
             print_result("storm", &outcome);
             Ok(outcome.expired == outcome.keys
                 && outcome.duplicates == 0
@@ -438,6 +450,8 @@ pub struct SingleHeartbeats {
     pub keys: u64,
     pub ttl: Ttl,
     pub order: workload::KeyOrder,
+    /// Ask for `Prefer: return=minimal` (204, no body).
+    pub minimal: bool,
 }
 
 impl Workload for SingleHeartbeats {
@@ -445,7 +459,12 @@ impl Workload for SingleHeartbeats {
         let mut body = Vec::with_capacity(64);
         let key = self.order.next(rng, self.keys);
         workload::write_heartbeat(&mut body, &self.prefix, key, self.ttl);
-        wire::write_post_head(out, &self.host, "/v1/heartbeats", body.len());
+        let headers: &[u8] = if self.minimal {
+            b"Prefer: return=minimal\r\n"
+        } else {
+            b""
+        };
+        wire::write_post_head_with(out, &self.host, "/v1/heartbeats", body.len(), headers);
         out.extend_from_slice(&body);
         1
     }
@@ -559,6 +578,7 @@ async fn run_load(
     const MEASURED: usize = 1;
     let phases = Arc::new(Phases::default());
     let load = Load::start(
+        &tokio::runtime::Handle::current(),
         target,
         args.connections,
         2,

@@ -45,6 +45,17 @@ pub fn get(host: &str, path: &str) -> Vec<u8> {
 
 /// Writes the head of a JSON `POST` whose body is `length` bytes long.
 pub fn write_post_head(out: &mut Vec<u8>, host: &str, path: &str, length: usize) {
+    write_post_head_with(out, host, path, length, b"");
+}
+
+/// [`write_post_head`] with more header lines (each ending in `\r\n`).
+pub fn write_post_head_with(
+    out: &mut Vec<u8>,
+    host: &str,
+    path: &str,
+    length: usize,
+    headers: &[u8],
+) {
     out.extend_from_slice(b"POST ");
     out.extend_from_slice(path.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\nHost: ");
@@ -53,6 +64,7 @@ pub fn write_post_head(out: &mut Vec<u8>, host: &str, path: &str, length: usize)
     out.extend_from_slice(itoa::Buffer::new().format(length).as_bytes());
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(authorization());
+    out.extend_from_slice(headers);
     out.extend_from_slice(b"\r\n");
 }
 

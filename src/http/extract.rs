@@ -19,6 +19,40 @@ pub const BODY_LIMIT: usize = 64 * 1024;
 /// Largest body of a batch.
 pub const BATCH_BODY_LIMIT: usize = 1024 * 1024;
 
+/// `Prefer: return=minimal` (RFC 7240): the client wants no body back, only the status. Any
+/// other preference, or none, is `false`; an unreadable header is ignored, as the RFC says.
+pub struct ReturnMinimal(pub bool);
+
+impl<S: Send + Sync> FromRequestParts<S> for ReturnMinimal {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        Ok(Self(prefers_minimal(&parts.headers)))
+    }
+}
+
+/// Whether any `Prefer` header holds the preference `return=minimal` (names are
+/// case-insensitive; a value may be quoted; preferences are comma-separated, parameters follow
+/// a `;`).
+fn prefers_minimal(headers: &HeaderMap) -> bool {
+    headers
+        .get_all("prefer")
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .filter_map(|preference| {
+            let token = preference.split(';').next()?;
+            let (name, value) = token.split_once('=')?;
+            Some((
+                name.trim().to_owned(),
+                value.trim().trim_matches('"').to_owned(),
+            ))
+        })
+        .any(|(name, value)| {
+            name.eq_ignore_ascii_case("return") && value.eq_ignore_ascii_case("minimal")
+        })
+}
+
 /// A JSON request body of at most `LIMIT` bytes, not yet parsed (handlers parse it with
 /// [`parse_json`], borrowing from it where they can).
 pub struct JsonBytes<const LIMIT: usize>(pub Bytes);

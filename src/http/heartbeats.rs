@@ -1,5 +1,6 @@
 //! `POST /v1/heartbeats` and `POST /v1/heartbeats/batch`: register or renew keys.
 
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
@@ -8,7 +9,9 @@ use tokio::time::Instant;
 
 use super::auth::Caller;
 use super::error::ApiError;
-use super::extract::{parse_json, JsonBytes, QueryParams, Ready, BATCH_BODY_LIMIT, BODY_LIMIT};
+use super::extract::{
+    parse_json, JsonBytes, QueryParams, Ready, ReturnMinimal, BATCH_BODY_LIMIT, BODY_LIMIT,
+};
 use super::{rfc3339, AppState, Rfc3339};
 use crate::expiry::TimerKind;
 use crate::registry::{Heartbeat, HeartbeatOutcome};
@@ -42,15 +45,27 @@ pub struct HeartbeatResponse {
     timer: TimerKind,
 }
 
+/// With `Prefer: return=minimal`, an accepted heartbeat is answered `204 No Content` with
+/// `Preference-Applied: return=minimal` and no body: the cheapest answer, for clients that only
+/// need to know it was taken.
 pub async fn heartbeats_post(
     Ready(state): Ready,
     caller: Caller,
+    ReturnMinimal(minimal): ReturnMinimal,
     JsonBytes(body): JsonBytes<BODY_LIMIT>,
-) -> Result<Json<HeartbeatResponse>, ApiError> {
+) -> Result<Response, ApiError> {
     let body: HeartbeatBody<'_> = parse_json(&body)?;
     let (key, outcome) = apply(&state, &caller, body, Instant::now())?;
     state.durable(Some(outcome.lsn)).await?;
-    Ok(Json(respond(key, outcome)))
+    Ok(if minimal {
+        (
+            StatusCode::NO_CONTENT,
+            [("preference-applied", "return=minimal")],
+        )
+            .into_response()
+    } else {
+        Json(respond(key, outcome)).into_response()
+    })
 }
 
 #[derive(Debug, Deserialize)]

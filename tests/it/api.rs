@@ -32,6 +32,49 @@ async fn a_heartbeat_registers_then_renews_with_the_default_ttl() {
 }
 
 #[tokio::test]
+async fn prefer_return_minimal_gets_a_204_without_a_body_and_errors_in_full() {
+    let server = TestServer::start().await;
+    let heartbeat = |body: Value, prefer: &'static str| {
+        server
+            .client
+            .post(server.url("/v1/heartbeats"))
+            .header("prefer", prefer)
+            .json(&body)
+            .send()
+    };
+    for prefer in [
+        "return=minimal",
+        "respond-async, RETURN=\"minimal\"",
+        "wait=10; foo, return=minimal",
+    ] {
+        let response = heartbeat(json!({"key": "min-1", "ttl_s": 60}), prefer)
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::NO_CONTENT, "{prefer}");
+        assert_eq!(response.headers()["preference-applied"], "return=minimal");
+        assert!(response.bytes().await.unwrap().is_empty());
+    }
+    // The heartbeat was taken all the same.
+    let (status, body) = server.get("/v1/keys/min-1").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["ttl_ms"], 60_000);
+    // Any other preference gets the full answer; an error is answered in full either way.
+    let response = heartbeat(json!({"key": "min-1"}), "return=representation")
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(crate::server::json_of(response).await.1["created"], false);
+    let response = heartbeat(json!({"key": "min-2", "ttl_s": -1}), "return=minimal")
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        code(&crate::server::json_of(response).await.1),
+        "invalid_ttl"
+    );
+}
+
+#[tokio::test]
 async fn meta_replaces_when_given_and_is_kept_when_absent() {
     let server = TestServer::start().await;
     server

@@ -99,11 +99,11 @@ $LOAD --target "127.0.0.1:$TW_PORT" heartbeat --keys "$KEYS" --prefix key: --ttl
     --connections 1 --duration 1s --warmup 0s >"$OUT/ttlwheel-preload.log" 2>&1
 rss1=$(rss_kb "$TW_PID")
 TW_BYTES_PER_KEY=$(( (rss1 - rss0) * 1024 / KEYS ))
-say "ttlwheel --threads 1: registering $KEYS keys"
-TW_PORT=$TW1_PORT start_ttlwheel --threads 1
-TW_ONE=$TW_PID
+say "ttlwheel --serving shared (one work-stealing runtime, the default before per-core): registering $KEYS keys"
+TW_PORT=$TW1_PORT start_ttlwheel --serving shared
+TW_SHARED=$TW_PID
 $LOAD --target "127.0.0.1:$TW1_PORT" heartbeat --keys "$KEYS" --prefix key: --ttl ${TTL_S}s \
-    --connections 1 --duration 1s --warmup 0s >"$OUT/ttlwheel-1thread-preload.log" 2>&1
+    --connections 1 --duration 1s --warmup 0s >"$OUT/ttlwheel-shared-preload.log" 2>&1
 say "redis: registering $KEYS keys"
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
     --notify-keyspace-events Ex >"$OUT/redis.log" 2>&1 &
@@ -128,12 +128,15 @@ for round in $(seq "$ROUNDS"); do
         --connections "$CONNECTIONS" --duration "$DURATION" --no-preload >"$OUT/ttlwheel-heartbeat-$round.log"
     redis_bench "redis-unpipelined-$round" ""
     $LOAD --target "127.0.0.1:$TW1_PORT" heartbeat --keys "$KEYS" --prefix key: --ttl ${TTL_S}s \
-        --connections "$CONNECTIONS" --duration "$DURATION" --no-preload >"$OUT/ttlwheel-1thread-heartbeat-$round.log"
+        --connections "$CONNECTIONS" --duration "$DURATION" --no-preload >"$OUT/ttlwheel-shared-heartbeat-$round.log"
+    $LOAD --target "127.0.0.1:$TW_PORT" heartbeat --keys "$KEYS" --prefix key: --ttl ${TTL_S}s \
+        --connections "$CONNECTIONS" --duration "$DURATION" --no-preload --prefer-minimal >"$OUT/ttlwheel-minimal-heartbeat-$round.log"
     redis_bench "redis-pipelined-$round" "-P 16"
     $LOAD --target "127.0.0.1:$TW_PORT" batch --keys "$KEYS" --prefix key: --ttl ${TTL_S}s \
         --connections 4 --duration "$DURATION" --no-preload >"$OUT/ttlwheel-batch-$round.log"
     grep -h -E "^(heartbeat|batch): " "$OUT/ttlwheel-heartbeat-$round.log" \
-        "$OUT/ttlwheel-1thread-heartbeat-$round.log" "$OUT/ttlwheel-batch-$round.log" >&2
+        "$OUT/ttlwheel-shared-heartbeat-$round.log" "$OUT/ttlwheel-minimal-heartbeat-$round.log" \
+        "$OUT/ttlwheel-batch-$round.log" >&2
     cut -d, -f1,2 "$OUT/redis-unpipelined-$round.csv" "$OUT/redis-pipelined-$round.csv" >&2
 done
 REDIS_MAX=$(python3 - "$OUT" "$ROUNDS" <<'PY'
@@ -154,7 +157,7 @@ for percent in 50 80; do
     grep -h "latency" "$OUT/ttlwheel-open-$percent.log" "$OUT/redis-open-$percent.log" >&2
 done
 stop "$TW_DEFAULT"
-stop "$TW_ONE"
+stop "$TW_SHARED"
 stop "$REDIS_PID"
 
 # The median over the rounds of a field of the tool's RESULT lines, or of a CSV column.
@@ -172,7 +175,8 @@ print(statistics.median(values))
 PY
 }
 TW_HB=$(median_result ttlwheel-heartbeat requests_per_s)
-TW1_HB=$(median_result ttlwheel-1thread-heartbeat requests_per_s)
+TW_SHARED_HB=$(median_result ttlwheel-shared-heartbeat requests_per_s)
+TW_MIN_HB=$(median_result ttlwheel-minimal-heartbeat requests_per_s)
 TW_BATCH=$(median_result ttlwheel-batch heartbeats_per_s)
 REDIS_HB=$(median_csv redis-unpipelined 1)
 REDIS_P16=$(median_csv redis-pipelined 1)
@@ -207,11 +211,15 @@ $LOAD --target "127.0.0.1:$TW_PORT" soak --keys "$SOAK_KEYS" --duration "$SOAK_D
 stop "$TW_PID"
 
 storm_status=0
-for batch_max in 1 "$WEBHOOK_BATCH_MAX"; do
-    say "ttlwheel: storm, $STORM_KEYS keys expiring in the same second, --webhook-batch-max $batch_max (expiry guard off: it would hold them)"
-    start_ttlwheel --webhook-url "http://$RECEIVER/hook" --expiry-guard off --webhook-batch-max "$batch_max"
+# The storm with one event per webhook request and batched, then batched with the shared
+# runtime (the serving mode before per-core), for the serving mode's effect on heartbeats.
+STORMS=("1 per-core" "$WEBHOOK_BATCH_MAX per-core" "$WEBHOOK_BATCH_MAX shared")
+for storm in "${STORMS[@]}"; do
+    read -r batch_max serving <<<"$storm"
+    say "ttlwheel: storm, $STORM_KEYS keys expiring in the same second, --webhook-batch-max $batch_max --serving $serving (expiry guard off: it would hold them)"
+    start_ttlwheel --webhook-url "http://$RECEIVER/hook" --expiry-guard off --webhook-batch-max "$batch_max" --serving "$serving"
     $LOAD --target "127.0.0.1:$TW_PORT" storm --keys "$STORM_KEYS" --receiver "$RECEIVER" \
-        --live-rate "$STORM_LIVE_RATE" | tee "$OUT/ttlwheel-storm-batch-$batch_max.log" || storm_status=$?
+        --live-rate "$STORM_LIVE_RATE" | tee "$OUT/ttlwheel-storm-batch-$batch_max-$serving.log" || storm_status=$?
     stop "$TW_PID"
 done
 
@@ -233,7 +241,8 @@ s="$OUT/ttlwheel-soak.log"
 TW_LATENESS="wheel $(fmt "$(result "$s" wheel_lateness.p50)") / $(fmt "$(result "$s" wheel_lateness.p99)") ms; heap $(fmt "$(result "$s" heap_lateness.p50)" 1) / $(fmt "$(result "$s" heap_lateness.p99)" 1) ms"
 median_ms() { fmt "$(median_result "$1" "$2")" 3; }
 row "ttlwheel | \`POST /v1/heartbeats\` | $CONNECTIONS | $(fmt "$TW_HB") | $(median_ms ttlwheel-heartbeat latency.p50) | $(median_ms ttlwheel-heartbeat latency.p99) | $TW_BYTES_PER_KEY | $TW_LATENESS"
-row "ttlwheel \`--threads 1\` | \`POST /v1/heartbeats\` | $CONNECTIONS | $(fmt "$TW1_HB") | $(median_ms ttlwheel-1thread-heartbeat latency.p50) | $(median_ms ttlwheel-1thread-heartbeat latency.p99) | (same) | (same)"
+row "ttlwheel | \`POST /v1/heartbeats\`, \`Prefer: return=minimal\` (204) | $CONNECTIONS | $(fmt "$TW_MIN_HB") | $(median_ms ttlwheel-minimal-heartbeat latency.p50) | $(median_ms ttlwheel-minimal-heartbeat latency.p99) | (same) | (same)"
+row "ttlwheel \`--serving shared\` | \`POST /v1/heartbeats\` | $CONNECTIONS | $(fmt "$TW_SHARED_HB") | $(median_ms ttlwheel-shared-heartbeat latency.p50) | $(median_ms ttlwheel-shared-heartbeat latency.p99) | (same) | (same)"
 row "ttlwheel | \`POST /v1/heartbeats/batch?results=errors\`, 1,000 per request | 4 | $(fmt "$TW_BATCH") heartbeats/s | $(median_ms ttlwheel-batch latency.p50) (per request) | $(median_ms ttlwheel-batch latency.p99) | (same) | (same)"
 r="$OUT/redis-expiry.log" rl="$OUT/redis-expiry-live.log"
 REDIS_LATENESS="$(fmt "$(result "$r" lateness.p50)") / $(fmt "$(result "$r" lateness.p99)") ms; beside 90k live keys: $(fmt "$(result "$rl" lateness.p50)") / $(fmt "$(result "$rl" lateness.p99)") ms, $(result "$rl" missing) of 10,000 not expired after 60 s"
@@ -247,7 +256,7 @@ for unit, factor in (('us', 0.001), ('ms', 1), ('s', 1000)):
         print(round(float(v[:-len(unit)]) * factor, 3)); break" "$1"; }
 e="$OUT/etcd-expiry.log"
 row "etcd 3.4 | \`POST /v3/lease/keepalive\` (gateway, wrk) | $CONNECTIONS | $(fmt "$(awk '/^Requests\/sec/ {print $2}' "$OUT/etcd-wrk.log")") | $(to_ms "$(wrk_field 50%)") | $(to_ms "$(wrk_field 99%)") | $ETCD_BYTES_PER_KEY (at $(fmt "$ETCD_LEASES") leases) | $(fmt "$(result "$e" lateness.p50)") / $(fmt "$(result "$e" lateness.p99)") ms"
-RATIOS="Ratios (medians of $ROUNDS alternating rounds): single heartbeat $(python3 -c "import sys; print(f'{float(sys.argv[1])/float(sys.argv[3]):.2f}x Redis, {float(sys.argv[2])/float(sys.argv[3]):.2f}x with --threads 1')" "$TW_HB" "$TW1_HB" "$REDIS_HB"); batch $(python3 -c "import sys; print(f'{float(sys.argv[1])/float(sys.argv[2]):.1f}x Redis -P 16')" "$TW_BATCH" "$REDIS_P16"); memory $(python3 -c "import sys; print(f'{int(sys.argv[1])/int(sys.argv[2]):.2f}x Redis')" "$TW_BYTES_PER_KEY" "$REDIS_BYTES_PER_KEY")."
+RATIOS="Ratios (medians of $ROUNDS alternating rounds): single heartbeat $(python3 -c "import sys; h, m, s, r = map(float, sys.argv[1:]); print(f'{h/r:.2f}x Redis ({m/r:.2f}x with return=minimal, {s/r:.2f}x with --serving shared; per-core/shared {h/s:.2f}x)')" "$TW_HB" "$TW_MIN_HB" "$TW_SHARED_HB" "$REDIS_HB"); batch $(python3 -c "import sys; print(f'{float(sys.argv[1])/float(sys.argv[2]):.1f}x Redis -P 16')" "$TW_BATCH" "$REDIS_P16"); memory $(python3 -c "import sys; print(f'{int(sys.argv[1])/int(sys.argv[2]):.2f}x Redis')" "$TW_BYTES_PER_KEY" "$REDIS_BYTES_PER_KEY")."
 
 # ---- the table ----
 {
@@ -260,9 +269,10 @@ RATIOS="Ratios (medians of $ROUNDS alternating rounds): single heartbeat $(pytho
     echo "$RATIOS"
     echo
     sed -n 's/^soak: /- soak: /p' "$OUT/ttlwheel-soak.log"
-    for batch_max in 1 "$WEBHOOK_BATCH_MAX"; do
-        echo "- storm with \`--webhook-batch-max $batch_max\` (background heartbeats open loop at $STORM_LIVE_RATE/s):"
-        sed -n 's/^storm: /  - /p' "$OUT/ttlwheel-storm-batch-$batch_max.log"
+    for storm in "${STORMS[@]}"; do
+        read -r batch_max serving <<<"$storm"
+        echo "- storm with \`--webhook-batch-max $batch_max --serving $serving\` (background heartbeats open loop at $STORM_LIVE_RATE/s):"
+        sed -n 's/^storm: /  - /p' "$OUT/ttlwheel-storm-batch-$batch_max-$serving.log"
     done
     echo
     echo "Open loop, single heartbeats, $CONNECTIONS connections, latency from each scheduled time (ms):"

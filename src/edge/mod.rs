@@ -11,7 +11,6 @@
 //! - Slow bodies are cut off by the request timeout (`http::app`'s `--request-timeout`).
 //! - With TLS ([`tls`]), the handshake must finish within `--tls-handshake-timeout`, in the
 //!   connection's own task (a slow handshake never holds up accepting).
-//!
 //! - Accepting happens here, on the caller's runtime; each connection is then served, round
 //!   robin, on one of the serving runtimes ([`crate::placement`]) for its whole life.
 //!

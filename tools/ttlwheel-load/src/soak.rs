@@ -332,6 +332,63 @@ pub async fn run(
         })
     };
 
+    // The scheduler and its connections run on a thread of their own: the webhook receiver on
+    // the tool's main runtime stamps each arrival, and a busy shared event loop would stamp
+    // them late (and send heartbeats late, which can cause real expiries).
+    let sender = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("soak-sender")
+        .enable_all()
+        .build()
+        .map_err(|error| format!("cannot start the sender's runtime: {error}"))?;
+    let sending = sender.spawn(schedule(
+        settings.clone(),
+        paths,
+        stops,
+        Arc::clone(&ledger),
+        rng,
+    ));
+    let sent = sending.await.map_err(|error| error.to_string());
+    sender.shutdown_background();
+    let Sent {
+        heartbeats: sent,
+        failed,
+        max_lag,
+    } = sent??;
+    // Deliveries of the last stopped keys are in the receiver's queue by now (every window
+    // closed before the end); give the queue a moment to drain.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    listener.abort();
+    let ledger = ledger.lock();
+    Ok(Outcome {
+        counts: ledger.counts(Instant::now()),
+        heartbeats_sent: sent,
+        heartbeats_failed: failed,
+        max_schedule_lag_ms: crate::stats::ms(max_lag),
+        wheel_lateness: ledger.lateness(Path::Wheel),
+        heap_lateness: ledger.lateness(Path::Heap),
+        wheel_server_lateness: ledger.server_lateness(Path::Wheel),
+        heap_server_lateness: ledger.server_lateness(Path::Heap),
+    })
+}
+
+/// What the scheduler sent.
+struct Sent {
+    heartbeats: u64,
+    failed: u64,
+    /// Latest the scheduler handed out a heartbeat after it was due.
+    max_lag: Duration,
+}
+
+/// Sends every key's heartbeats on schedule, over `settings.connections` connections, until
+/// the soak's end; a key stops at its planned time (the ledger is told).
+async fn schedule(
+    settings: Settings,
+    paths: Vec<Path>,
+    stops: Vec<Option<Duration>>,
+    ledger: Arc<Mutex<Ledger>>,
+    mut rng: fastrand::Rng,
+) -> Result<Sent, String> {
     let (batches, batch_queue) = tokio::sync::mpsc::unbounded_channel::<Vec<u32>>();
     let batch_queue = Arc::new(tokio::sync::Mutex::new(batch_queue));
     let senders: Vec<_> = (0..settings.connections)
@@ -389,27 +446,16 @@ pub async fn run(
         }
     }
     drop(batches);
-    let mut sent = 0;
-    let mut failed = 0;
+    let (mut heartbeats, mut failed) = (0, 0);
     for sender in senders {
         let (s, f) = sender.await.map_err(|error| error.to_string())??;
-        sent += s;
+        heartbeats += s;
         failed += f;
     }
-    // Deliveries of the last stopped keys are in the receiver's queue by now (every window
-    // closed before the end); give the queue a moment to drain.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    listener.abort();
-    let ledger = ledger.lock();
-    Ok(Outcome {
-        counts: ledger.counts(Instant::now()),
-        heartbeats_sent: sent,
-        heartbeats_failed: failed,
-        max_schedule_lag_ms: crate::stats::ms(max_lag),
-        wheel_lateness: ledger.lateness(Path::Wheel),
-        heap_lateness: ledger.lateness(Path::Heap),
-        wheel_server_lateness: ledger.server_lateness(Path::Wheel),
-        heap_server_lateness: ledger.server_lateness(Path::Heap),
+    Ok(Sent {
+        heartbeats,
+        failed,
+        max_lag,
     })
 }
 

@@ -27,6 +27,8 @@ STORM_KEYS=${STORM_KEYS:-1000000}
 STORM_LIVE_RATE=${STORM_LIVE_RATE:-10000}
 WEBHOOK_BATCH_MAX=${WEBHOOK_BATCH_MAX:-100}
 ETCD_LEASES=${ETCD_LEASES:-10000}
+STREAM_CLIENTS=${STREAM_CLIENTS:-1000}
+PROFILE=${PROFILE:-1}
 OUT=${OUT:-target/bench-compare}
 TTL_S=30
 TW_PORT=17878 TW1_PORT=17879 RECEIVER=127.0.0.1:19797 REDIS_PORT=16379 ETCD_PORT=12379 ETCD_PEER_PORT=12380
@@ -122,11 +124,24 @@ redis_bench() { # log name, extra flags
     redis-benchmark -p "$REDIS_PORT" -c "$CONNECTIONS" -n $(( seconds * rate )) -r "$KEYS" $2 --csv \
         SET key:__rand_int__ val EX "$TTL_S" 2>/dev/null | tail -1 >"$OUT/$1.csv"
 }
+REDIS_REQUESTS=$(( ${DURATION%s} * 70000 )) # redis_bench's -n without -P
+# Runs a command and writes to a file the server CPU seconds (user + system) it cost the process
+# $1 and its own wall seconds: `cpu_of PID FILE COMMAND...`.
+cpu_of() {
+    local pid=$1 file=$2 before after started
+    shift 2
+    before=$(cpu_s "$pid") started=$(date +%s.%N)
+    "$@"
+    after=$(cpu_s "$pid")
+    python3 -c "import sys, time; print(float(sys.argv[2]) - float(sys.argv[1]), time.time() - float(sys.argv[3]))" \
+        "$before" "$after" "$started" >"$file"
+}
 for round in $(seq "$ROUNDS"); do
     say "throughput round $round of $ROUNDS"
-    $LOAD --target "127.0.0.1:$TW_PORT" heartbeat --keys "$KEYS" --prefix key: --ttl ${TTL_S}s \
+    cpu_of "$TW_DEFAULT" "$OUT/ttlwheel-heartbeat-$round.cpu" \
+        $LOAD --target "127.0.0.1:$TW_PORT" heartbeat --keys "$KEYS" --prefix key: --ttl ${TTL_S}s \
         --connections "$CONNECTIONS" --duration "$DURATION" --no-preload >"$OUT/ttlwheel-heartbeat-$round.log"
-    redis_bench "redis-unpipelined-$round" ""
+    cpu_of "$REDIS_PID" "$OUT/redis-unpipelined-$round.cpu" redis_bench "redis-unpipelined-$round" ""
     $LOAD --target "127.0.0.1:$TW1_PORT" heartbeat --keys "$KEYS" --prefix key: --ttl ${TTL_S}s \
         --connections "$CONNECTIONS" --duration "$DURATION" --no-preload >"$OUT/ttlwheel-shared-heartbeat-$round.log"
     $LOAD --target "127.0.0.1:$TW_PORT" heartbeat --keys "$KEYS" --prefix key: --ttl ${TTL_S}s \
@@ -174,6 +189,20 @@ values = [float(list(csv.reader(open(f"{out}/{prefix}-{r}.csv")))[-1][column]) f
 print(statistics.median(values))
 PY
 }
+# Median over the rounds of server CPU microseconds per request. Each stdin line is a round's
+# request count ("count N": redis-benchmark's fixed -n) or its measured rate ("rate R": the
+# load tool, whose wall time includes its warm-up at about the same rate).
+median_cpu_us() { # cpu file prefix
+    local prefix=$1 values=() round=0 kind n
+    while read -r kind n; do
+        round=$((round + 1))
+        values+=("$(awk -v k="$kind" -v n="$n" '{printf "%f", $1 * 1e6 / (k == "rate" ? n * $2 : n)}' "$OUT/$prefix-$round.cpu")")
+    done
+    python3 -c "import statistics, sys; print(f'{statistics.median(map(float, sys.argv[1:])):.1f}')" "${values[@]}"
+}
+TW_CPU_US=$(for round in $(seq "$ROUNDS"); do echo "rate $(result "$OUT/ttlwheel-heartbeat-$round.log" requests_per_s)"; done \
+    | median_cpu_us ttlwheel-heartbeat)
+REDIS_CPU_US=$(for round in $(seq "$ROUNDS"); do echo "count $REDIS_REQUESTS"; done | median_cpu_us redis-unpipelined)
 TW_HB=$(median_result ttlwheel-heartbeat requests_per_s)
 TW_SHARED_HB=$(median_result ttlwheel-shared-heartbeat requests_per_s)
 TW_MIN_HB=$(median_result ttlwheel-minimal-heartbeat requests_per_s)
@@ -223,6 +252,17 @@ for storm in "${STORMS[@]}"; do
     stop "$TW_PID"
 done
 
+# ---- Stream clients and the profile: their own scripts, run as parts of this one ----
+say "ttlwheel: creations with no, $STREAM_CLIENTS idle and $STREAM_CLIENTS reading stream clients (bench/streams.sh)"
+rm -f "$OUT/streams/results.txt"
+OUT="$OUT/streams" CLIENTS="$STREAM_CLIENTS" bash bench/streams.sh >&2
+if [ "$PROFILE" = 1 ]; then
+    say "ttlwheel: where a single heartbeat's server CPU goes (bench/profile.sh)"
+    bash bench/profile.sh >&2
+    cp target/profile/summary.txt "$OUT/profile-summary.txt"
+    cp target/profile/heartbeat.svg "$OUT/heartbeat.svg"
+fi
+
 say "redis: expiry lateness (10,000 keys, no other keys; then beside 90,000 live keys)"
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
     --notify-keyspace-events Ex >>"$OUT/redis.log" 2>&1 &
@@ -268,12 +308,23 @@ RATIOS="Ratios (medians of $ROUNDS alternating rounds): single heartbeat $(pytho
     echo
     echo "$RATIOS"
     echo
+    echo "Server CPU (user + system) per single heartbeat: ttlwheel $TW_CPU_US us, Redis \`SET EX\` $REDIS_CPU_US us (medians of the throughput rounds)."
+    echo
     sed -n 's/^soak: /- soak: /p' "$OUT/ttlwheel-soak.log"
     for storm in "${STORMS[@]}"; do
         read -r batch_max serving <<<"$storm"
         echo "- storm with \`--webhook-batch-max $batch_max --serving $serving\` (background heartbeats open loop at $STORM_LIVE_RATE/s):"
         sed -n 's/^storm: /  - /p' "$OUT/ttlwheel-storm-batch-$batch_max-$serving.log"
     done
+    echo
+    echo "Stream clients (bench/streams.sh, $STREAM_CLIENTS clients; creations closed loop, sampler open loop):"
+    sed 's/^/- /' "$OUT/streams/results.txt"
+    if [ "$PROFILE" = 1 ]; then
+        echo
+        echo "Where a single heartbeat's server CPU goes (bench/profile.sh; flame graph: $OUT/heartbeat.svg):"
+        echo
+        sed 's/^/    /' "$OUT/profile-summary.txt"
+    fi
     echo
     echo "Open loop, single heartbeats, $CONNECTIONS connections, latency from each scheduled time (ms):"
     echo

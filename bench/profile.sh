@@ -13,10 +13,13 @@ mkdir -p "$OUT"
 command -v perf >/dev/null || { apt-get update -qq && apt-get install -y -qq linux-perf >/dev/null; }
 command -v inferno-flamegraph >/dev/null || cargo install -q inferno
 RUSTFLAGS="-C force-frame-pointers=yes" cargo build --release -q -p ttlwheel -p ttlwheel-load --target-dir "$OUT/build"
-"$OUT/build/release/ttlwheel" --listen "127.0.0.1:$PORT" >"$OUT/server.log" 2>&1 &
+# Persistence on, as a user runs it, in a fresh data directory (the embedded default would be
+# ./ttlwheel-data, and recovering an old one there delays the start).
+rm -rf "$OUT/data"
+"$OUT/build/release/ttlwheel" --listen "127.0.0.1:$PORT" --data-dir "$OUT/data" >"$OUT/server.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
-sleep 0.5
+until curl -sf "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1; do sleep 0.05; done
 "$OUT/build/release/ttlwheel-load" --target "127.0.0.1:$PORT" heartbeat --keys 1000000 \
     --connections 50 --duration 14s --warmup 1s >"$OUT/load.log" 2>&1 &
 LOAD=$!

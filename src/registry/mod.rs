@@ -5,16 +5,19 @@
 //! ticker, persistence (`durable.rs`), later replication) goes through [`Registry`]'s methods, each of which
 //! takes the current time as an argument instead of reading a clock, so tests drive time.
 //!
-//! Layout: keys are spread over [`Shard`]s by hash; each shard has its own index, wheel and heap
-//! behind one `parking_lot::Mutex` (a std-style mutex, not a tokio one: nothing awaits while it is
-//! held, and critical sections are a few hundred nanoseconds). A renewal therefore takes one
-//! uncontended lock and does O(1) work. The sweeper walks the shards one bounded chunk at a time
-//! ([`Registry::sweep`]), so a mass expiry never holds a lock for long.
+//! Layout: every key is in one key index, a `DashMap` from key to the slot of its entry
+//! (`index`). The entries are spread over [`Shard`]s by hash; each shard has its slot table,
+//! wheel and heap behind one `parking_lot::Mutex` (a std-style mutex, not a tokio one: nothing
+//! awaits while it is held, and critical sections are a few hundred nanoseconds), and changes
+//! its keys' mappings in the index only while holding it. A renewal therefore takes the shard's
+//! uncontended lock and, inside it, one of the index's, and does O(1) work. The sweeper walks
+//! the shards one bounded chunk at a time ([`Registry::sweep`]), so a mass expiry never holds
+//! a lock for long.
 //!
 //! Files: this one is the door (`Registry`: hashing a key to its shard, locking it, calling
-//! it); `ops` the operation types; `shard` one shard's structures and semantics; `slots` the
-//! slot table entries live in; `sweep` expiring what is due; `listing` the ordered index and
-//! the expired log; `services` service-name interning.
+//! it); `ops` the operation types; `index` the key index; `shard` one shard's structures and
+//! semantics; `slots` the slot table entries live in; `sweep` expiring what is due; `listing`
+//! the ordered index and the expired log; `services` service-name interning.
 //!
 //! Semantics are Redis 7's EXPIRE / PEXPIREAT / TTL / PERSIST / DEL, with one addition: a key
 //! whose deadline has passed is expired on the spot by whichever operation touches it first
@@ -23,6 +26,7 @@
 mod durable;
 pub mod guard;
 mod holding;
+mod index;
 mod listing;
 mod ops;
 mod services;
@@ -55,6 +59,7 @@ use crate::expiry::TimerKind;
 use crate::persist::journal::Journal;
 use crate::types::{InvalidInput, Key, ServiceName, MAX_TTL_MS};
 use guard::Guard;
+use index::KeyIndex;
 use services::ServiceTable;
 use shard::{EntryView, Shard};
 use sweep::SweepState;
@@ -114,6 +119,8 @@ struct Ctx<'a> {
     holding: bool,
     /// Keys indexed in every shard, against `config.max_keys`.
     keys: &'a AtomicU64,
+    /// Every key, to the slot of its entry in its shard.
+    index: &'a KeyIndex,
 }
 
 impl Ctx<'_> {
@@ -154,6 +161,8 @@ pub struct Registry {
     config: RegistryConfig,
     clock: Clock,
     hasher: RandomState,
+    /// Every key, to its entry's slot in its shard (see `index`).
+    index: KeyIndex,
     shards: Box<[PaddedShard]>,
     services: ServiceTable,
     events: EventBus,
@@ -190,6 +199,7 @@ impl Registry {
         let expired_per_shard = config.expired_max.div_ceil(config.shards);
         let guard = Mutex::new(Guard::new(config.guard.clone()));
         let keys = AtomicU64::new(0);
+        let index = KeyIndex::new(hasher, config.shards);
         let ctx = Ctx {
             config: &config,
             clock: &clock,
@@ -198,14 +208,16 @@ impl Registry {
             journal: None,
             holding: false,
             keys: &keys,
+            index: &index,
         };
         let shards = (0..config.shards)
-            .map(|_| PaddedShard(Mutex::new(Shard::new(&ctx, hasher, expired_per_shard))))
+            .map(|_| PaddedShard(Mutex::new(Shard::new(&ctx, expired_per_shard))))
             .collect();
         Self {
             config,
             clock,
             hasher,
+            index,
             shards,
             services,
             events,
@@ -274,19 +286,12 @@ impl Registry {
         };
         let ttl_ms = heartbeat.ttl.as_millis();
         let now = self.clock.at(now);
-        let (hash, shard) = self.shard_of(&heartbeat.key);
+        let shard = self.shard_of(&heartbeat.key);
         let (renewal, lsn) = {
             let ctx = self.ctx();
             let mut shard = shard.lock();
-            let renewal = shard.heartbeat(
-                hash,
-                &heartbeat.key,
-                ttl_ms,
-                service,
-                heartbeat.meta,
-                &ctx,
-                now,
-            );
+            let renewal =
+                shard.heartbeat(&heartbeat.key, ttl_ms, service, heartbeat.meta, &ctx, now);
             // A heartbeat on a due key expires it first: publish that event.
             let lsn = shard.flush_events(&ctx);
             (renewal?, lsn)
@@ -311,26 +316,26 @@ impl Registry {
     /// The alive key, if any.
     pub fn get(&self, key: &Key, now: Instant) -> Option<KeyView> {
         let now = self.clock.at(now);
-        let view = self.with_shard(key, |hash, shard, ctx| shard.view(hash, key, ctx, now))?;
+        let view = self.with_shard(key, |shard, ctx| shard.view(key, ctx, now))?;
         Some(self.display(view, now))
     }
 
     /// TTL / PTTL.
     pub fn state(&self, key: &Key, now: Instant) -> KeyState {
         let now = self.clock.at(now);
-        self.with_shard(key, |hash, shard, ctx| shard.state(hash, key, ctx, now))
+        self.with_shard(key, |shard, ctx| shard.state(key, ctx, now))
     }
 
     /// PERSIST: `None` when the key is missing, else whether a TTL was removed.
     pub fn persist(&self, key: &Key, now: Instant) -> Result<Option<bool>, RegistryError> {
         let now = self.clock.at(now);
-        self.with_shard(key, |hash, shard, ctx| shard.persist(hash, key, ctx, now))
+        self.with_shard(key, |shard, ctx| shard.persist(key, ctx, now))
     }
 
     /// DEL: whether the key existed. Publishes a `deleted` event.
     pub fn delete(&self, key: &Key, now: Instant) -> Result<bool, RegistryError> {
         let now = self.clock.at(now);
-        self.with_shard(key, |hash, shard, ctx| shard.delete(hash, key, ctx, now))
+        self.with_shard(key, |shard, ctx| shard.delete(key, ctx, now))
     }
 
     /// EXPIRE / PEXPIRE / PEXPIREAT with an optional condition.
@@ -356,8 +361,8 @@ impl Registry {
         }
         let ttl_ms = ttl_ms.max(0) as u64;
         let absolute = matches!(at, ExpireAt::AtUnixMs(_));
-        let outcome = self.with_shard(key, |hash, shard, ctx| {
-            shard.expire(hash, key, target_ms, ttl_ms, absolute, condition, ctx, now)
+        let outcome = self.with_shard(key, |shard, ctx| {
+            shard.expire(key, target_ms, ttl_ms, absolute, condition, ctx, now)
         })?;
         if let ExpireOutcome::Applied { .. } = outcome {
             self.wake_for_heap_deadline(target_ms as u64);
@@ -375,7 +380,7 @@ impl Registry {
         let now = self.clock.at(now);
         let views = self.merge_pages(
             limit,
-            |shard| shard.list_alive(filter, limit + 1, now),
+            |shard| shard.list_alive(filter, limit + 1, &self.index, now),
             |view| &view.key,
         );
         let more = views.len() > limit;
@@ -485,22 +490,23 @@ impl Registry {
             journal: self.journal.get().map(|journal| &**journal),
             holding: self.holding.load(Ordering::Relaxed),
             keys: &self.keys,
+            index: &self.index,
         }
     }
 
-    fn shard_of(&self, key: &Key) -> (u64, &Mutex<Shard>) {
+    fn shard_of(&self, key: &Key) -> &Mutex<Shard> {
         let hash = self.hasher.hash_one(key.as_str());
-        // High bits pick the shard; hashbrown uses the low bits and the top seven, so the
-        // shard choice does not thin out the hashes within a shard.
+        // High bits pick the shard; the index's map uses the low bits and the top seven for its
+        // own shards and probes, so the two choices do not follow each other.
         let shard_idx = (hash >> 40) as usize & (self.shards.len() - 1);
-        (hash, &self.shards[shard_idx].0)
+        &self.shards[shard_idx].0
     }
 
-    fn with_shard<T>(&self, key: &Key, op: impl FnOnce(u64, &mut Shard, &Ctx<'_>) -> T) -> T {
-        let (hash, shard) = self.shard_of(key);
+    fn with_shard<T>(&self, key: &Key, op: impl FnOnce(&mut Shard, &Ctx<'_>) -> T) -> T {
+        let shard = self.shard_of(key);
         let ctx = self.ctx();
         let mut shard = shard.lock();
-        let result = op(hash, &mut shard, &ctx);
+        let result = op(&mut shard, &ctx);
         shard.flush_events(&ctx);
         result
     }

@@ -1,15 +1,17 @@
-//! One shard of the registry: a share of the keys with their own index, wheel and heap, all
-//! behind the one lock the caller holds.
+//! One shard of the registry: a share of the keys with their entries, wheel and heap, all
+//! behind the one lock the caller holds. The keys themselves are found through the registry's
+//! key index (`index`, a `DashMap` from key to slot), which every method reaches through
+//! [`Ctx`] and changes only under this shard's lock.
 //!
-//! Keeping a key's index entry and its timer under the same lock is what makes a renewal one
-//! short critical section with no second lock, and what lets the sweeper trust the index: a
-//! slot it finds in a detached bucket is expired only if that slot's entry still says it is
-//! scheduled at that tick.
+//! Keeping a key's entry and its timer under the same lock is what makes a renewal one short
+//! critical section on this shard, and what lets the sweeper trust the entries: a slot it
+//! finds in a detached bucket is expired only if that slot's entry still says it is scheduled
+//! at that tick.
 //!
 //! Invariants, all checked by [`Shard::check_invariants`] (the model and concurrency tests run
 //! it after every step, through `Registry::check_invariants`):
-//! - every entry is in `index` exactly once, under the hash of its key, and the index holds
-//!   nothing else;
+//! - every entry's key is in the key index, mapped to the entry's slot (that the index holds
+//!   nothing else is checked across all shards, by `Registry::check_invariants`);
 //! - an entry's [`TimerRef`] says where its deadline lives: a wheel tick (and its position in that
 //!   bucket while the wheel still holds the tick), the heap, or nowhere (persistent);
 //!   a slot is current in at most one wheel bucket and at most once in the heap;
@@ -22,10 +24,7 @@
 
 use std::collections::HashMap;
 
-use foldhash::fast::RandomState;
-use hashbrown::HashTable;
-use std::hash::BuildHasher;
-
+use super::index::KeyIndex;
 use super::listing::{ExpiredLog, ExpiredRecord, ListFilter, OrderedIndex};
 use super::services::ServiceId;
 use super::slots::Slots;
@@ -214,13 +213,11 @@ pub(super) struct Renewal {
 /// A share of the registry's keys. See the module documentation for its invariants.
 #[derive(Debug)]
 pub(super) struct Shard {
-    /// Key hash -> slot. Holds slot ids, not keys: the key is stored once, in its entry.
-    index: HashTable<SlotId>,
+    /// The entries of this shard's keys; the registry's key index (`ctx.index`) maps each key
+    /// to its slot here.
     slots: Slots<Entry>,
     wheel: TimingWheel,
     heap: DeadlineHeap,
-    /// Hashes keys for `index`; the same state the registry uses to pick the shard.
-    hasher: RandomState,
     /// Wheel elements that are no longer their slot's current one: left behind by a renewal,
     /// removal or move, and dropped by the sweeper when their bucket comes due. Bounded by
     /// `stale_per_key` per key plus `stale_slack` (see `unschedule`).
@@ -254,13 +251,11 @@ pub(super) struct Shard {
 }
 
 impl Shard {
-    pub fn new(ctx: &Ctx<'_>, hasher: RandomState, expired_max: usize) -> Self {
+    pub fn new(ctx: &Ctx<'_>, expired_max: usize) -> Self {
         Self {
-            index: HashTable::new(),
             slots: Slots::default(),
             wheel: TimingWheel::new(ctx.config.max_ttl_s, 0),
             heap: DeadlineHeap::new(),
-            hasher,
             n_stale: 0,
             n_wheel: 0,
             heartbeats: 0,
@@ -278,7 +273,7 @@ impl Shard {
     }
 
     pub fn len(&self) -> usize {
-        self.index.len()
+        self.slots.len()
     }
 
     /// Keys on the wheel and on the heap (the rest have no TTL).
@@ -297,7 +292,6 @@ impl Shard {
     #[allow(clippy::too_many_arguments)] // one call site; a struct would only rename them
     pub fn heartbeat(
         &mut self,
-        hash: u64,
         key: &Key,
         ttl_ms: u64,
         service: Option<ServiceId>,
@@ -306,7 +300,7 @@ impl Shard {
         now: Now,
     ) -> Result<Renewal, RegistryError> {
         let now_ms = now.ms;
-        let found = self.find_alive(hash, key, ctx, now_ms);
+        let found = self.find_alive(key, ctx, now_ms);
         let durable_change = found.is_none_or(|slot| {
             let entry = self.slots.entry(slot);
             entry.ttl() != Some(ttl_ms)
@@ -354,7 +348,7 @@ impl Shard {
                     service: service.unwrap_or(ServiceId::NONE),
                     timer: TimerRef::PERSISTENT,
                 };
-                (self.insert(hash, entry), true)
+                (self.insert(entry, ctx), true)
             }
         };
         self.schedule(slot, Some(timer), deadline_ms);
@@ -372,14 +366,14 @@ impl Shard {
         })
     }
 
-    pub fn view(&mut self, hash: u64, key: &Key, ctx: &Ctx<'_>, now: Now) -> Option<EntryView> {
-        let slot = self.find_alive(hash, key, ctx, now.ms)?;
+    pub fn view(&mut self, key: &Key, ctx: &Ctx<'_>, now: Now) -> Option<EntryView> {
+        let slot = self.find_alive(key, ctx, now.ms)?;
         Some(self.view_of(slot))
     }
 
-    pub fn state(&mut self, hash: u64, key: &Key, ctx: &Ctx<'_>, now: Now) -> KeyState {
+    pub fn state(&mut self, key: &Key, ctx: &Ctx<'_>, now: Now) -> KeyState {
         let now_ms = now.ms;
-        match self.find_alive(hash, key, ctx, now_ms) {
+        match self.find_alive(key, ctx, now_ms) {
             None => KeyState::Missing,
             Some(slot) => match self.slots.entry(slot).remaining(now_ms) {
                 None => KeyState::Persistent,
@@ -391,12 +385,11 @@ impl Shard {
     /// PERSIST: `None` when missing, else whether a TTL was removed.
     pub fn persist(
         &mut self,
-        hash: u64,
         key: &Key,
         ctx: &Ctx<'_>,
         now: Now,
     ) -> Result<Option<bool>, RegistryError> {
-        let Some(slot) = self.find_alive(hash, key, ctx, now.ms) else {
+        let Some(slot) = self.find_alive(key, ctx, now.ms) else {
             return Ok(None);
         };
         if self.slots.entry(slot).deadline().is_none() {
@@ -413,15 +406,9 @@ impl Shard {
         Ok(Some(true))
     }
 
-    pub fn delete(
-        &mut self,
-        hash: u64,
-        key: &Key,
-        ctx: &Ctx<'_>,
-        now: Now,
-    ) -> Result<bool, RegistryError> {
+    pub fn delete(&mut self, key: &Key, ctx: &Ctx<'_>, now: Now) -> Result<bool, RegistryError> {
         let now_ms = now.ms;
-        let Some(slot) = self.find_alive(hash, key, ctx, now_ms) else {
+        let Some(slot) = self.find_alive(key, ctx, now_ms) else {
             return Ok(false);
         };
         if ctx.refuses_durable_writes() {
@@ -437,7 +424,6 @@ impl Shard {
     #[allow(clippy::too_many_arguments)] // one call site; a struct would only rename them
     pub fn expire(
         &mut self,
-        hash: u64,
         key: &Key,
         target_ms: i64,
         ttl_ms: u64,
@@ -447,7 +433,7 @@ impl Shard {
         now: Now,
     ) -> Result<ExpireOutcome, RegistryError> {
         let now_ms = now.ms;
-        let Some(slot) = self.find_alive(hash, key, ctx, now_ms) else {
+        let Some(slot) = self.find_alive(key, ctx, now_ms) else {
             return Ok(ExpireOutcome::NotFound);
         };
         let current = self.slots.entry(slot).deadline();
@@ -690,14 +676,20 @@ impl Shard {
     }
 
     /// Up to `limit` alive keys matching `filter`, in key order.
-    pub fn list_alive(&self, filter: &ListFilter, limit: usize, now: Now) -> Vec<EntryView> {
+    pub fn list_alive(
+        &self,
+        filter: &ListFilter,
+        limit: usize,
+        index: &KeyIndex,
+        now: Now,
+    ) -> Vec<EntryView> {
         let Some(ordered) = &self.ordered else {
             return Vec::new();
         };
         let now_ms = now.ms;
         ordered
             .scan(filter)
-            .filter_map(|key| self.find(self.hasher.hash_one(key.as_str()), key))
+            .filter_map(|key| index.slot(key))
             .filter(|&slot| {
                 let entry = self.slots.entry(slot);
                 let held = matches!(entry.timer.get(), Timer::Held { .. });
@@ -740,7 +732,6 @@ impl Shard {
     /// at once if it passed), none for a persistent key. It is marked restored until renewed.
     pub fn restore_state(
         &mut self,
-        hash: u64,
         state: DurableKey,
         service: ServiceId,
         ctx: &Ctx<'_>,
@@ -765,7 +756,7 @@ impl Shard {
         };
         let (registered_unix_s, subsec) = Entry::registered_at(state.registered_unix_ms);
         let flags = subsec | RESTORED | if absolute { ABSOLUTE } else { 0 };
-        let slot = match self.find(hash, &state.key) {
+        let slot = match ctx.index.slot(&state.key) {
             Some(slot) => {
                 self.change_service(slot, service);
                 let entry = self.slots.entry_mut(slot);
@@ -778,7 +769,6 @@ impl Shard {
             None => {
                 ctx.count_key();
                 self.insert(
-                    hash,
                     Entry {
                         key: state.key,
                         meta: state.meta,
@@ -790,6 +780,7 @@ impl Shard {
                         service,
                         timer: TimerRef::PERSISTENT,
                     },
+                    ctx,
                 )
             }
         };
@@ -802,14 +793,8 @@ impl Shard {
     /// Applies a deletion or an expiry read back from the log: the key leaves the alive keys
     /// silently; an expiry (`expired`: when, and the last heartbeat) puts it on the expired
     /// list with the service and metadata it had.
-    pub fn restore_removal(
-        &mut self,
-        hash: u64,
-        key: &Key,
-        expired: Option<(u64, u64)>,
-        ctx: &Ctx<'_>,
-    ) {
-        let entry = self.find(hash, key).map(|slot| self.detach(slot, ctx));
+    pub fn restore_removal(&mut self, key: &Key, expired: Option<(u64, u64)>, ctx: &Ctx<'_>) {
+        let entry = ctx.index.slot(key).map(|slot| self.detach(slot, ctx));
         let Some((expired_unix_ms, last_heartbeat_unix_ms)) = expired else {
             return;
         };
@@ -832,8 +817,8 @@ impl Shard {
 
     /// Puts a key read back from a snapshot's expired list on the expired list, unless it is
     /// alive.
-    pub fn restore_expired(&mut self, hash: u64, key: Key, record: ExpiredRecord) {
-        if self.find(hash, &key).is_none() {
+    pub fn restore_expired(&mut self, key: Key, record: ExpiredRecord, index: &KeyIndex) {
+        if index.slot(&key).is_none() {
             self.expired.record(key, record);
         }
     }
@@ -876,7 +861,7 @@ impl Shard {
     /// `detached` is the part of this shard's bucket of `tick` that the sweeper has detached
     /// and not yet processed (`(tick, bucket, next offset)`), if a sweep is under way.
     /// O(keys + wheel elements): for tests, which call it after every step.
-    pub fn check_invariants(&self, detached: Option<(Tick, &[SlotId], usize)>) {
+    pub fn check_invariants(&self, detached: Option<(Tick, &[SlotId], usize)>, index: &KeyIndex) {
         self.slots.check_invariants();
         assert!(self.pending_events.is_empty(), "events left unpublished");
         assert!(
@@ -892,9 +877,8 @@ impl Shard {
         }
         for (slot, entry) in self.slots.iter() {
             n_live += 1;
-            let hash = self.hasher.hash_one(entry.key.as_str());
             assert_eq!(
-                self.find(hash, &entry.key),
+                index.slot(&entry.key),
                 Some(slot),
                 "{} is not indexed at its slot",
                 entry.key
@@ -953,11 +937,7 @@ impl Shard {
                 }
             }
         }
-        assert_eq!(
-            self.index.len(),
-            n_live,
-            "index entries without a live slot"
-        );
+        assert_eq!(self.slots.len(), n_live, "live slots counted");
         assert_eq!(self.n_wheel, n_wheel, "n_wheel");
         assert!(
             self.held.iter().all(|&slot| self
@@ -1009,7 +989,7 @@ impl Shard {
             );
         }
         self.expired
-            .check_invariants(|key| self.find(self.hasher.hash_one(key.as_str()), key).is_some());
+            .check_invariants(|key| index.slot(key).is_some());
     }
 
     /// A wheel entry's element is where its timer says: in a bucket the wheel holds, in the
@@ -1119,18 +1099,11 @@ impl Shard {
         assert_eq!(self.n_stale, n_stale, "n_stale");
     }
 
-    fn find(&self, hash: u64, key: &Key) -> Option<SlotId> {
-        let slots = &self.slots;
-        self.index
-            .find(hash, |&slot| slots.entry(slot).key == *key)
-            .copied()
-    }
-
     /// The slot of `key` if it is alive at `now_ms`, or held. A key whose deadline has passed is
     /// expired here and then, so that no read ever sees it, even before the sweeper reaches it;
     /// held instead while the guard holds.
-    fn find_alive(&mut self, hash: u64, key: &Key, ctx: &Ctx<'_>, now_ms: u64) -> Option<SlotId> {
-        let slot = self.find(hash, key)?;
+    fn find_alive(&mut self, key: &Key, ctx: &Ctx<'_>, now_ms: u64) -> Option<SlotId> {
+        let slot = ctx.index.slot(key)?;
         let entry = self.slots.entry(slot);
         if entry.deadline_ms > now_ms || matches!(entry.timer.get(), Timer::Held { .. }) {
             return Some(slot);
@@ -1143,43 +1116,18 @@ impl Shard {
         None
     }
 
-    fn insert(&mut self, hash: u64, entry: Entry) -> SlotId {
+    /// Stores a new key's entry and indexes it.
+    fn insert(&mut self, entry: Entry, ctx: &Ctx<'_>) -> SlotId {
         let service = entry.service;
         if let Some(ordered) = &mut self.ordered {
             ordered.insert(&entry.key, service);
         }
         self.expired.forget(&entry.key);
-        if self.index.len() == self.index.capacity() {
-            self.grow_index();
-        }
+        let key = entry.key.clone();
         let slot = self.slots.insert(entry);
-        let (slots, hasher) = (&self.slots, &self.hasher);
-        self.index.insert_unique(hash, slot, |&slot| {
-            hasher.hash_one(slots.entry(slot).key.as_str())
-        });
+        ctx.index.insert(key, slot);
         self.count_service(service, 1);
         slot
-    }
-
-    /// Replaces the index, which has no room left, by one twice the size of the keys it holds,
-    /// built by walking the slots in order.
-    ///
-    /// Why not let the table grow itself: its resize visits the elements in bucket order and
-    /// hashes each through its slot, one random access into the slot table per key; at 10M
-    /// keys that held a shard's lock for hundreds of milliseconds. Walking the slot table in
-    /// order reads it sequentially, so the same work takes a fraction of the time
-    /// (`cargo bench --bench growth`).
-    fn grow_index(&mut self) {
-        let capacity = (self.index.len() * 2).max(64);
-        let mut index = HashTable::with_capacity(capacity);
-        let (slots, hasher) = (&self.slots, &self.hasher);
-        for (slot, entry) in slots.iter() {
-            let hash = hasher.hash_one(entry.key.as_str());
-            index.insert_unique(hash, slot, |&slot| {
-                hasher.hash_one(slots.entry(slot).key.as_str())
-            });
-        }
-        self.index = index;
     }
 
     /// Queues the `registered` event of the key just created in `slot`.
@@ -1219,12 +1167,8 @@ impl Shard {
     fn detach(&mut self, slot: SlotId, ctx: &Ctx<'_>) -> Entry {
         ctx.free_key();
         self.unschedule(slot);
-        let hash = self.hasher.hash_one(self.slots.entry(slot).key.as_str());
-        match self.index.find_entry(hash, |&candidate| candidate == slot) {
-            Ok(found) => drop(found.remove()),
-            Err(_) => unreachable!("every entry is indexed"),
-        }
         let entry = self.slots.remove(slot);
+        ctx.index.remove(&entry.key);
         self.count_service(entry.service, -1);
         if let Some(ordered) = &mut self.ordered {
             ordered.remove(&entry.key, entry.service);
@@ -1339,7 +1283,7 @@ impl Shard {
     }
 
     fn too_many_stale(&self) -> bool {
-        self.n_stale >= self.stale_per_key * self.index.len() + self.stale_slack
+        self.n_stale >= self.stale_per_key * self.slots.len() + self.stale_slack
     }
 
     fn change_service(&mut self, slot: SlotId, service: ServiceId) {

@@ -80,6 +80,11 @@ impl<T> Slots<T> {
         self.get_mut(slot).expect("slot is live")
     }
 
+    /// Live entries.
+    pub fn len(&self) -> usize {
+        self.entries.len() - self.free.len()
+    }
+
     /// The number of ids handed out so far, live or free: every live id is below it.
     pub fn len_with_free(&self) -> SlotId {
         SlotId::try_from(self.entries.len()).expect("fewer than 2^32 slots per shard")

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The key index's cost either way, in one run: the renewal benchmark (`cargo bench --bench
+# expiry -- renew/`, 10k to 10M keys, 1 and 2 threads) for ttlwheel and the design card's
+# baseline (`dashmap` + per-second bucket sets), at OLD (default 90be7b1: the last commit with
+# our own per-shard index) and at the working tree (the `DashMap` index), one after the other.
+# Prints median ns per renewal and each side's ratio to the baseline of its own run (the
+# baseline is the same code in both, so the ratios cancel the machine's drift); then, for each
+# side, the growth benchmark (the slowest creation while growing to 10M keys) and the memory
+# benchmark (bytes per key).
+#
+# Usage: bash bench/index_ab.sh            OLD=<commit>  TTLWHEEL_BENCH_MAX_KEYS=1000000 (quicker)
+# Results: target/index-ab/table.md
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OLD=${OLD:-90be7b1}
+OUT=target/index-ab
+mkdir -p "$OUT"
+export TTLWHEEL_BENCH_SUBJECTS=ttlwheel-wheel,dashmap+bucket-sets
+
+git worktree remove --force "$OUT/old" 2>/dev/null || true
+rm -rf "$OUT/old" "$OUT/new"
+git worktree prune
+git worktree add -q --detach "$OUT/old" "$OLD"
+trap 'git worktree remove --force "$OUT/old" 2>/dev/null || true' EXIT
+
+run() { # directory, label
+    local log=$PWD/$OUT/$2.log
+    (cd "$1" && CARGO_TARGET_DIR="$PWD/target" cargo bench -q --bench expiry -- renew/ >"$log" 2>&1)
+    mkdir -p "$OUT/$2"
+    cp -r "$1/target/criterion/." "$OUT/$2/"
+    (cd "$1" && CARGO_TARGET_DIR="$PWD/target" cargo bench -q --bench growth 2>&1 | grep '^growth/' >>"$log")
+    (cd "$1" && CARGO_TARGET_DIR="$PWD/target" cargo bench -q --bench memory 2>&1 | grep '^memory/' >>"$log")
+}
+echo "== renewals at $OLD (our own index)" >&2
+run "$OUT/old" old
+echo "== renewals at the working tree (DashMap index)" >&2
+run . new
+
+python3 - "$OUT" <<'PY' | tee "$OUT/table.md"
+import json, os, sys
+out = sys.argv[1]
+def ns(side, size, subject, threads):
+    path = f"{out}/{side}/renew_{size}/{subject}/{threads}t/new/estimates.json"
+    return json.load(open(path))["median"]["point_estimate"]
+sizes = [s for s in ("10k", "100k", "1M", "10M") if os.path.exists(f"{out}/new/renew_{s}")]
+print("| keys | threads | own index | its baseline | own/baseline | DashMap index | its baseline | DashMap/baseline | DashMap/own |")
+print("|---|---|---|---|---|---|---|---|---|")
+for size in sizes:
+    for threads in (1, 2):
+        o, ob = ns("old", size, "ttlwheel-wheel", threads), ns("old", size, "dashmap+bucket-sets", threads)
+        n, nb = ns("new", size, "ttlwheel-wheel", threads), ns("new", size, "dashmap+bucket-sets", threads)
+        print(f"| {size} | {threads} | {o:.0f} | {ob:.0f} | {o/ob:.2f} | {n:.0f} | {nb:.0f} | {n/nb:.2f} | {(n/nb)/(o/ob):.2f} |")
+PY
+echo
+for side in old new; do
+    echo "$side:"
+    grep -E '^(growth|memory)/' "$OUT/$side.log" | sed 's/^/- /'
+done | tee -a "$OUT/table.md"

@@ -77,6 +77,17 @@ impl Link {
     }
 }
 
+/// A runtime with one worker thread named `name`, for senders that must not share an event loop
+/// with the tool's webhook receiver (which would make their sends, and its arrival stamps, late).
+pub fn sender_runtime(name: &str) -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name(name)
+        .enable_all()
+        .build()
+        .map_err(|error| format!("cannot start the sender's runtime: {error}"))
+}
+
 /// The phase every connection reads before each request.
 #[derive(Default)]
 pub struct Phases(AtomicUsize);

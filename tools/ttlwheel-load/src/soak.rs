@@ -335,12 +335,7 @@ pub async fn run(
     // The scheduler and its connections run on a thread of their own: the webhook receiver on
     // the tool's main runtime stamps each arrival, and a busy shared event loop would stamp
     // them late (and send heartbeats late, which can cause real expiries).
-    let sender = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("soak-sender")
-        .enable_all()
-        .build()
-        .map_err(|error| format!("cannot start the sender's runtime: {error}"))?;
+    let sender = crate::driver::sender_runtime("soak-sender")?;
     let sending = sender.spawn(schedule(
         settings.clone(),
         paths,

@@ -126,12 +126,7 @@ pub async fn run(
     let phases = Arc::new(Phases::default());
     // The heartbeats go out from a thread of their own: the webhook receiver on the tool's main
     // runtime takes up to ~300k events/s in a storm, and must not make them late.
-    let sender = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("storm-sender")
-        .enable_all()
-        .build()
-        .map_err(|error| format!("cannot start the sender's runtime: {error}"))?;
+    let sender = crate::driver::sender_runtime("storm-sender")?;
     let load = Load::start(
         sender.handle(),
         &settings.address,

@@ -148,6 +148,11 @@ impl Meta {
         if text.len() > MAX_META_BYTES {
             return Err(InvalidInput::Meta("larger than 4096 bytes serialized"));
         }
+        // `to_string` grows its buffer by doubling, and `RawValue::from_string` shrinks it with
+        // a `realloc` that mimalloc (the binary's allocator) may do in place, keeping the whole
+        // block: 4 KiB of metadata then held 8 KiB. A copy of exactly the text's length is what
+        // the entry keeps instead.
+        let text = String::from(text.as_str());
         let raw = RawValue::from_string(text).map_err(|_| InvalidInput::Meta("not encodable"))?;
         Ok(Self(Box::new(raw)))
     }

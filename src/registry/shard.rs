@@ -289,7 +289,6 @@ impl Shard {
     /// Registers or renews `key` for `ttl_ms`. `service`: `None` keeps the stored one. A renewal
     /// that changes nothing but the deadline writes no log record; anything else writes the
     /// key's whole state, and is refused, changing nothing, while the log cannot be written.
-    #[allow(clippy::too_many_arguments)] // one call site; a struct would only rename them
     pub fn heartbeat(
         &mut self,
         key: &Key,

@@ -37,21 +37,21 @@ impl Registry {
         match record {
             Record::Upsert(state) => {
                 let (service, _pin) = self.service_id_for(state.service.as_ref());
-                let shard = self.shard_of(&state.key);
-                shard.lock().restore_state(state, service, &ctx, now);
+                let (shard, hash) = self.shard_of(&state.key);
+                shard.lock().restore_state(state, hash, service, &ctx, now);
             }
             Record::Deleted { key, .. } => {
-                let shard = self.shard_of(&key);
-                shard.lock().restore_removal(&key, None, &ctx);
+                let (shard, hash) = self.shard_of(&key);
+                shard.lock().restore_removal((&key, hash), None, &ctx);
             }
             Record::Expired {
                 key,
                 at_unix_ms,
                 last_heartbeat_unix_ms,
             } => {
-                let shard = self.shard_of(&key);
+                let (shard, hash) = self.shard_of(&key);
                 let expired = Some((at_unix_ms, last_heartbeat_unix_ms));
-                shard.lock().restore_removal(&key, expired, &ctx);
+                shard.lock().restore_removal((&key, hash), expired, &ctx);
             }
             Record::ExpiredEntry(ExpiredState {
                 key,
@@ -67,8 +67,8 @@ impl Registry {
                     last_heartbeat_unix_ms,
                     expired_unix_ms,
                 };
-                let shard = self.shard_of(&key);
-                shard.lock().restore_expired(key, record, &self.index);
+                let (shard, hash) = self.shard_of(&key);
+                shard.lock().restore_expired(key, hash, record);
             }
             // The notifier's records; the caller hands them to it (`persist::webhooks`).
             Record::WebhookQueued(_)

@@ -7,10 +7,10 @@
 //! (`--expired-max`), so it is kept unordered (O(1) per expiry, which matters in a mass expiry)
 //! and a page of it is selected per request in O(records) time.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::ops::Bound;
+use std::collections::{HashMap, VecDeque};
 
 use super::services::ServiceId;
+use crate::expiry::wheel::SlotId;
 use crate::types::{Key, Meta};
 
 /// What a page asks for. Keys are returned in byte order of their UTF-8 text.
@@ -25,112 +25,248 @@ pub struct ListFilter {
 }
 
 impl ListFilter {
-    /// The lowest key the scan may start at.
-    fn start(&self) -> Bound<Key> {
+    /// Where the scan starts: the lowest text a listed key may have, and whether a key equal to
+    /// it is listed (a cursor is not; a prefix is).
+    fn start(&self) -> (&str, bool) {
         let prefix = self.prefix.as_deref().unwrap_or("");
         match self.after.as_deref() {
-            Some(after) if after >= prefix => key_bound(after, Bound::Excluded),
-            _ => key_bound(prefix, Bound::Included),
+            Some(after) if after >= prefix => (after, false),
+            _ => (prefix, true),
         }
     }
 
     /// Whether the scan may stop at `key`: no later key can match the prefix.
-    fn past_prefix(&self, key: &Key) -> bool {
+    fn past_prefix(&self, key: &str) -> bool {
         self.prefix
             .as_deref()
-            .is_some_and(|prefix| !key.as_str().starts_with(prefix) && key.as_str() > prefix)
+            .is_some_and(|prefix| !key.starts_with(prefix) && key > prefix)
+    }
+
+    fn matches_prefix(&self, key: &str) -> bool {
+        self.prefix
+            .as_deref()
+            .is_none_or(|prefix| key.starts_with(prefix))
     }
 }
 
-/// A key as a range bound; text that is not a valid key (empty, say) bounds nothing.
-fn key_bound(text: &str, bound: fn(Key) -> Bound<Key>) -> Bound<Key> {
-    Key::new(text).map_or(Bound::Unbounded, bound)
+/// Most slots in one block of a [`SortedSlots`]; a fuller block is split in two. Small enough
+/// that an insertion's move within a block is one short `memmove` (1 KiB), large enough that
+/// the block headers cost under 0.2 bytes per key.
+const BLOCK_MAX: usize = 256;
+
+/// Slot ids in the order of their keys, which stay in the entries: a sorted list cut into
+/// blocks of at most [`BLOCK_MAX`], so an insertion or removal moves at most a block's ids,
+/// and a position is found by two binary searches (over the blocks' last keys, then within
+/// one block), each comparison reading a key through `key_of`.
+///
+/// 4 bytes per key (plus the blocks' slack), where a `BTreeSet<Key>` held a copy of every key
+/// (24 bytes inline, and a heap block for a key over 24 bytes).
+///
+/// Invariants ([`SortedSlots::check_invariants`]): the keys of the ids, read block after block,
+/// are strictly increasing; no block is empty or over `BLOCK_MAX`.
+#[derive(Debug, Default)]
+pub(super) struct SortedSlots {
+    /// The ids in key order, cut into blocks.
+    blocks: Vec<Vec<SlotId>>,
 }
 
-/// Alive keys in order, overall and per service.
+impl SortedSlots {
+    /// The first position whose key is at least `text` (`inclusive`) or above it: `(block,
+    /// offset)`, `(blocks.len(), 0)` when there is none.
+    fn position<'k>(
+        &self,
+        text: &str,
+        inclusive: bool,
+        key_of: impl Fn(SlotId) -> &'k Key,
+    ) -> (usize, usize) {
+        let before = |slot: SlotId| {
+            let key = key_of(slot).as_str();
+            if inclusive {
+                key < text
+            } else {
+                key <= text
+            }
+        };
+        let block = self
+            .blocks
+            .partition_point(|block| before(*block.last().expect("blocks are never empty")));
+        match self.blocks.get(block) {
+            Some(slots) => (block, slots.partition_point(|&slot| before(slot))),
+            None => (block, 0),
+        }
+    }
+
+    /// Adds `slot`, whose key is not in the list yet.
+    pub fn insert<'k>(&mut self, slot: SlotId, key_of: impl Fn(SlotId) -> &'k Key) {
+        let key = key_of(slot).as_str();
+        let (mut block, mut offset) = self.position(key, true, &key_of);
+        if self.blocks.is_empty() {
+            self.blocks.push(vec![slot]);
+            return;
+        }
+        if block == self.blocks.len() {
+            // Past every key: at the end of the last block.
+            block -= 1;
+            offset = self.blocks[block].len();
+        }
+        let slots = &mut self.blocks[block];
+        slots.insert(offset, slot);
+        if slots.len() > BLOCK_MAX {
+            let upper = slots.split_off(BLOCK_MAX / 2);
+            self.blocks.insert(block + 1, upper);
+        }
+    }
+
+    /// Takes out `slot`, whose key is `key_of(slot)` (still readable: the caller removes the
+    /// entry after).
+    pub fn remove<'k>(&mut self, slot: SlotId, key_of: impl Fn(SlotId) -> &'k Key) {
+        let key = key_of(slot).as_str();
+        let (block, offset) = self.position(key, true, &key_of);
+        let found = self
+            .blocks
+            .get(block)
+            .is_some_and(|slots| slots.get(offset) == Some(&slot));
+        assert!(found, "slot {slot} is not listed where its key sorts");
+        self.blocks[block].remove(offset);
+        // Keep blocks from thinning out after many removals: a small block joins its
+        // predecessor when both fit in half a block.
+        let left = self.blocks[block].len();
+        let merge = block > 0 && left + self.blocks[block - 1].len() <= BLOCK_MAX / 2;
+        if merge || left == 0 {
+            let slots = self.blocks.remove(block);
+            if let Some(previous) = block.checked_sub(1) {
+                self.blocks[previous].extend(slots);
+            }
+        }
+    }
+
+    /// Every id from the first whose key is at least `text` (`inclusive`) or above it, in order.
+    fn from<'a, 'k>(
+        &'a self,
+        text: &str,
+        inclusive: bool,
+        key_of: impl Fn(SlotId) -> &'k Key,
+    ) -> impl Iterator<Item = SlotId> + 'a {
+        let (block, offset) = self.position(text, inclusive, key_of);
+        let first = self
+            .blocks
+            .get(block)
+            .map_or(&[][..], |slots| &slots[offset..]);
+        let rest = self.blocks.get(block + 1..).unwrap_or(&[]);
+        first.iter().chain(rest.iter().flatten()).copied()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = SlotId> + '_ {
+        self.blocks.iter().flatten().copied()
+    }
+
+    /// Checks the invariants above; panics naming the first one broken. O(n): for tests.
+    fn check_invariants<'k>(&self, key_of: impl Fn(SlotId) -> &'k Key) {
+        assert!(
+            self.blocks
+                .iter()
+                .all(|slots| !slots.is_empty() && slots.len() <= BLOCK_MAX),
+            "a block is empty or over {BLOCK_MAX}"
+        );
+        let keys: Vec<&Key> = self.iter().map(key_of).collect();
+        if let Some(pair) = keys.windows(2).find(|pair| pair[0] >= pair[1]) {
+            panic!("sorted slots out of order: {} then {}", pair[0], pair[1]);
+        }
+    }
+}
+
+/// Alive keys in order, overall and per service, as slot ids (the keys stay in the entries;
+/// every call is given `key_of`, which reads a slot's key).
 #[derive(Debug, Default)]
 pub(super) struct OrderedIndex {
-    by_key: BTreeSet<Key>,
-    /// Only keys that have a service.
-    by_service: BTreeSet<(ServiceId, Key)>,
+    by_key: SortedSlots,
+    /// By service id; only keys that have a service.
+    by_service: Vec<SortedSlots>,
 }
 
 impl OrderedIndex {
-    pub fn insert(&mut self, key: &Key, service: ServiceId) {
-        self.by_key.insert(key.clone());
+    pub fn insert<'k>(
+        &mut self,
+        slot: SlotId,
+        service: ServiceId,
+        key_of: impl Fn(SlotId) -> &'k Key,
+    ) {
+        self.by_key.insert(slot, &key_of);
         if !service.is_none() {
-            self.by_service.insert((service, key.clone()));
+            if self.by_service.len() <= service.index() {
+                self.by_service
+                    .resize_with(service.index() + 1, SortedSlots::default);
+            }
+            self.by_service[service.index()].insert(slot, key_of);
         }
     }
 
-    pub fn remove(&mut self, key: &Key, service: ServiceId) {
-        self.by_key.remove(key);
+    pub fn remove<'k>(
+        &mut self,
+        slot: SlotId,
+        service: ServiceId,
+        key_of: impl Fn(SlotId) -> &'k Key,
+    ) {
+        self.by_key.remove(slot, &key_of);
         if !service.is_none() {
-            self.by_service.remove(&(service, key.clone()));
+            self.by_service[service.index()].remove(slot, key_of);
         }
     }
 
-    /// Checks that the index holds exactly `alive` (every alive key and its service); panics
-    /// naming the difference. O(n log n): for tests.
-    pub fn check_invariants<'a>(&self, alive: impl Iterator<Item = (&'a Key, ServiceId)>) {
-        let mut by_key = BTreeSet::new();
-        let mut by_service = BTreeSet::new();
-        for (key, service) in alive {
-            by_key.insert(key.clone());
+    /// Checks that the index holds exactly `alive` (every alive slot and its service), each
+    /// list in key order; panics naming the difference. O(n log n): for tests.
+    pub fn check_invariants<'k>(
+        &self,
+        alive: impl Iterator<Item = (SlotId, ServiceId)>,
+        key_of: impl Fn(SlotId) -> &'k Key + Copy,
+    ) {
+        let mut by_key = Vec::new();
+        let mut by_service: Vec<Vec<SlotId>> = vec![Vec::new(); self.by_service.len()];
+        for (slot, service) in alive {
+            by_key.push(slot);
             if !service.is_none() {
-                by_service.insert((service, key.clone()));
+                let list = by_service
+                    .get_mut(service.index())
+                    .unwrap_or_else(|| panic!("service {service:?} has no ordered list"));
+                list.push(slot);
             }
         }
-        assert!(
-            self.by_key == by_key,
-            "the ordered index differs from the alive keys: {:?} listed, {:?} alive",
-            self.by_key
-                .symmetric_difference(&by_key)
-                .take(5)
-                .collect::<Vec<_>>(),
-            by_key.len()
-        );
-        assert!(
-            self.by_service == by_service,
-            "the per-service index differs from the alive keys' services: {:?}",
-            self.by_service
-                .symmetric_difference(&by_service)
-                .take(5)
-                .collect::<Vec<_>>()
-        );
+        let check = |list: &SortedSlots, mut expected: Vec<SlotId>, what: &str| {
+            list.check_invariants(key_of);
+            expected.sort_unstable_by_key(|&slot| key_of(slot));
+            let listed: Vec<SlotId> = list.iter().collect();
+            assert!(
+                listed == expected,
+                "the ordered index {what} differs from the alive keys: {} listed, {} alive",
+                listed.len(),
+                expected.len()
+            );
+        };
+        check(&self.by_key, by_key, "of all keys");
+        for (list, expected) in self.by_service.iter().zip(by_service) {
+            check(list, expected, "of a service");
+        }
     }
 
-    /// Keys matching `filter` in order, from the cursor on, for the caller to take from.
-    pub fn scan<'a>(&'a self, filter: &'a ListFilter) -> Box<dyn Iterator<Item = &'a Key> + 'a> {
-        let start = filter.start();
-        let keys: Box<dyn Iterator<Item = &Key>> = match filter.service {
-            None => Box::new(self.by_key.range((start, Bound::Unbounded))),
-            Some(service) => {
-                let low = match start {
-                    Bound::Included(key) => Bound::Included((service, key)),
-                    Bound::Excluded(key) => Bound::Excluded((service, key)),
-                    // " " is the smallest valid key: control characters are refused.
-                    Bound::Unbounded => {
-                        Bound::Included((service, Key::new(" ").expect("valid key")))
-                    }
-                };
-                let range = self.by_service.range((low, Bound::Unbounded));
-                Box::new(
-                    range
-                        .take_while(move |(id, _)| *id == service)
-                        .map(|(_, key)| key),
-                )
-            }
+    /// The slots of the keys matching `filter`, in key order, from the cursor on, for the
+    /// caller to take from.
+    pub fn scan<'a, F>(
+        &'a self,
+        filter: &'a ListFilter,
+        key_of: F,
+    ) -> impl Iterator<Item = SlotId> + 'a
+    where
+        F: Fn(SlotId) -> &'a Key + Copy + 'a,
+    {
+        let list = match filter.service {
+            None => Some(&self.by_key),
+            Some(service) => self.by_service.get(service.index()),
         };
-        Box::new(
-            keys.take_while(|key| !filter.past_prefix(key))
-                .filter(|key| {
-                    filter
-                        .prefix
-                        .as_deref()
-                        .is_none_or(|prefix| key.as_str().starts_with(prefix))
-                }),
-        )
+        let (text, inclusive) = filter.start();
+        list.into_iter()
+            .flat_map(move |list| list.from(text, inclusive, key_of))
+            .take_while(move |&slot| !filter.past_prefix(key_of(slot).as_str()))
+            .filter(move |&slot| filter.matches_prefix(key_of(slot).as_str()))
     }
 }
 
@@ -287,17 +423,26 @@ impl ExpiredLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::{Just, Strategy};
 
-    fn keys(index: &OrderedIndex, filter: &ListFilter) -> Vec<String> {
-        index.scan(filter).map(|key| key.to_string()).collect()
+    fn keys(index: &OrderedIndex, names: &[Key], filter: &ListFilter) -> Vec<String> {
+        let key_of = |slot: SlotId| &names[slot as usize];
+        index
+            .scan(filter, key_of)
+            .map(|slot| names[slot as usize].to_string())
+            .collect()
     }
 
     #[test]
     fn scans_respect_prefix_cursor_and_service() {
         let mut index = OrderedIndex::default();
         let web = ServiceId::default();
-        for key in ["a", "ab", "abc", "b", "ba"] {
-            index.insert(&Key::new(key).unwrap(), web);
+        let names: Vec<Key> = ["ba", "abc", "a", "b", "ab"]
+            .into_iter()
+            .map(|key| Key::new(key).unwrap())
+            .collect();
+        for slot in 0..names.len() as SlotId {
+            index.insert(slot, web, |slot| &names[slot as usize]);
         }
         let filter = |prefix: Option<&str>, after: Option<&str>| ListFilter {
             service: None,
@@ -305,15 +450,79 @@ mod tests {
             after: after.map(String::from),
             held_only: false,
         };
-        assert_eq!(
-            keys(&index, &filter(None, None)),
-            ["a", "ab", "abc", "b", "ba"]
-        );
-        assert_eq!(keys(&index, &filter(Some("a"), None)), ["a", "ab", "abc"]);
-        assert_eq!(keys(&index, &filter(Some("a"), Some("ab"))), ["abc"]);
-        assert_eq!(keys(&index, &filter(Some("b"), Some("a"))), ["b", "ba"]);
-        assert_eq!(keys(&index, &filter(None, Some("b"))), ["ba"]);
-        assert_eq!(keys(&index, &filter(Some("c"), None)), Vec::<String>::new());
+        let keys = |filter: &ListFilter| keys(&index, &names, filter);
+        assert_eq!(keys(&filter(None, None)), ["a", "ab", "abc", "b", "ba"]);
+        assert_eq!(keys(&filter(Some("a"), None)), ["a", "ab", "abc"]);
+        assert_eq!(keys(&filter(Some("a"), Some("ab"))), ["abc"]);
+        assert_eq!(keys(&filter(Some("b"), Some("a"))), ["b", "ba"]);
+        assert_eq!(keys(&filter(None, Some("b"))), ["ba"]);
+        assert_eq!(keys(&filter(Some("c"), None)), Vec::<String>::new());
+    }
+
+    proptest::proptest! {
+        // Each case checks the whole list after every removal (O(n^2)): fewer cases suffice.
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
+
+        /// Filling blocks past a split and emptying them again, in any order: the list stays
+        /// sorted and compact after every step, and ends with no block at all.
+        #[test]
+        fn sorted_slots_fill_and_drain_in_any_order(
+            inserts in Just((0..1200u32).collect::<Vec<_>>()).prop_shuffle(),
+            removals in Just((0..1200u32).collect::<Vec<_>>()).prop_shuffle(),
+        ) {
+            let names: Vec<Key> = (0..1200u32).map(|n| Key::new(&format!("k{n:05}")).unwrap()).collect();
+            let key_of = |slot: SlotId| &names[slot as usize];
+            let mut list = SortedSlots::default();
+            for (step, &slot) in inserts.iter().enumerate() {
+                list.insert(slot, key_of);
+                if step % 50 == 0 {
+                    list.check_invariants(key_of);
+                }
+            }
+            list.check_invariants(key_of);
+            proptest::prop_assert_eq!(list.iter().collect::<Vec<_>>(), (0..1200).collect::<Vec<_>>());
+            for &slot in &removals {
+                list.remove(slot, key_of);
+                list.check_invariants(key_of);
+            }
+            proptest::prop_assert!(list.blocks.is_empty());
+        }
+    }
+
+    proptest::proptest! {
+        /// Against a sorted set of the same keys, through inserts and removals that split and
+        /// merge blocks: the same order after every step, and scans from any start agree.
+        #[test]
+        fn sorted_slots_match_a_sorted_set(
+            ops in proptest::collection::vec((proptest::bool::ANY, 0u16..2000), 1..1500),
+            from in 0u16..2000,
+        ) {
+            let names: Vec<Key> = (0..2000u16).map(|n| Key::new(&format!("k{n:05}")).unwrap()).collect();
+            let key_of = |slot: SlotId| &names[slot as usize];
+            let mut list = SortedSlots::default();
+            let mut model = std::collections::BTreeSet::new();
+            for (insert, n) in ops {
+                let slot = SlotId::from(n);
+                match (insert, model.contains(&slot)) {
+                    (true, false) => { list.insert(slot, key_of); model.insert(slot); }
+                    (false, true) => { list.remove(slot, key_of); model.remove(&slot); }
+                    _ => {}
+                }
+            }
+            list.check_invariants(key_of);
+            let listed: Vec<SlotId> = list.iter().collect();
+            proptest::prop_assert_eq!(&listed, &model.iter().copied().collect::<Vec<_>>());
+            let text = names[from as usize].as_str();
+            for inclusive in [true, false] {
+                let scanned: Vec<SlotId> = list.from(text, inclusive, key_of).collect();
+                let expected: Vec<SlotId> = model
+                    .iter()
+                    .copied()
+                    .filter(|&slot| if inclusive { slot >= from.into() } else { slot > from.into() })
+                    .collect();
+                proptest::prop_assert_eq!(scanned, expected);
+            }
+        }
     }
 
     #[test]

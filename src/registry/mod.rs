@@ -5,19 +5,19 @@
 //! ticker, persistence (`durable.rs`), later replication) goes through [`Registry`]'s methods, each of which
 //! takes the current time as an argument instead of reading a clock, so tests drive time.
 //!
-//! Layout: every key is in one key index, a `DashMap` from key to the slot of its entry
-//! (`index`). The entries are spread over [`Shard`]s by hash; each shard has its slot table,
-//! wheel and heap behind one `parking_lot::Mutex` (a std-style mutex, not a tokio one: nothing
-//! awaits while it is held, and critical sections are a few hundred nanoseconds), and changes
-//! its keys' mappings in the index only while holding it. A renewal therefore takes the shard's
-//! uncontended lock and, inside it, one of the index's, and does O(1) work. The sweeper walks
-//! the shards one bounded chunk at a time ([`Registry::sweep`]), so a mass expiry never holds
-//! a lock for long.
+//! Layout: the store is the shards. A key's hash (computed once per operation) picks its
+//! [`Shard`]; each shard holds its keys' entries (each key stored once, inline in its entry, in
+//! a slot table), a hash table from key to slot, the wheel and the heap, all behind one
+//! `parking_lot::Mutex` (a std-style mutex, not a tokio one: nothing awaits while it is held,
+//! and critical sections are a few hundred nanoseconds). A renewal therefore takes one
+//! uncontended lock and does O(1) work: one probe, one entry write, at most one bucket push.
+//! The sweeper walks the shards one bounded chunk at a time ([`Registry::sweep`]), so a mass
+//! expiry never holds a lock for long.
 //!
 //! Files: this one is the door (`Registry`: hashing a key to its shard, locking it, calling
-//! it); `ops` the operation types; `index` the key index; `shard` one shard's structures and
-//! semantics; `slots` the slot table entries live in; `sweep` expiring what is due; `listing`
-//! the ordered index and the expired log; `services` service-name interning.
+//! it); `ops` the operation types; `shard` one shard's structures and semantics; `table` the
+//! shard's key table; `slots` the slot table entries live in; `sweep` expiring what is due;
+//! `listing` the ordered index and the expired log; `services` service-name interning.
 //!
 //! Semantics are Redis 7's EXPIRE / PEXPIREAT / TTL / PERSIST / DEL, with one addition: a key
 //! whose deadline has passed is expired on the spot by whichever operation touches it first
@@ -26,15 +26,14 @@
 mod durable;
 pub mod guard;
 mod holding;
-mod index;
 mod listing;
 mod ops;
 mod services;
 mod shard;
 mod slots;
 mod sweep;
+mod table;
 
-use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -59,10 +58,10 @@ use crate::expiry::TimerKind;
 use crate::persist::journal::Journal;
 use crate::types::{InvalidInput, Key, ServiceName, MAX_TTL_MS};
 use guard::Guard;
-use index::KeyIndex;
 use services::ServiceTable;
 use shard::{EntryView, Shard};
 use sweep::SweepState;
+use table::KeyHash;
 
 /// Tunables of the registry.
 #[derive(Clone, Debug)]
@@ -119,11 +118,15 @@ struct Ctx<'a> {
     holding: bool,
     /// Keys indexed in every shard, against `config.max_keys`.
     keys: &'a AtomicU64,
-    /// Every key, to the slot of its entry in its shard.
-    index: &'a KeyIndex,
+    /// The registry's key hasher (a shard hashes a key again only to take it out of its table).
+    hasher: &'a RandomState,
 }
 
 impl Ctx<'_> {
+    fn hash(&self, key: &Key) -> KeyHash {
+        KeyHash::of(self.hasher, key)
+    }
+
     /// Whether changes that must be logged are refused now (the log cannot be written).
     fn refuses_durable_writes(&self) -> bool {
         self.journal.is_some_and(Journal::is_failing)
@@ -160,9 +163,9 @@ struct PaddedShard(Mutex<Shard>);
 pub struct Registry {
     config: RegistryConfig,
     clock: Clock,
+    /// Hashes keys: the bits that pick a key's shard and the tag its shard's table probes with
+    /// (see `table`).
     hasher: RandomState,
-    /// Every key, to its entry's slot in its shard (see `index`).
-    index: KeyIndex,
     shards: Box<[PaddedShard]>,
     services: ServiceTable,
     events: EventBus,
@@ -199,7 +202,6 @@ impl Registry {
         let expired_per_shard = config.expired_max.div_ceil(config.shards);
         let guard = Mutex::new(Guard::new(config.guard.clone()));
         let keys = AtomicU64::new(0);
-        let index = KeyIndex::new(hasher, config.shards);
         let ctx = Ctx {
             config: &config,
             clock: &clock,
@@ -208,7 +210,7 @@ impl Registry {
             journal: None,
             holding: false,
             keys: &keys,
-            index: &index,
+            hasher: &hasher,
         };
         let shards = (0..config.shards)
             .map(|_| PaddedShard(Mutex::new(Shard::new(&ctx, expired_per_shard))))
@@ -217,7 +219,6 @@ impl Registry {
             config,
             clock,
             hasher,
-            index,
             shards,
             services,
             events,
@@ -286,12 +287,12 @@ impl Registry {
         };
         let ttl_ms = heartbeat.ttl.as_millis();
         let now = self.clock.at(now);
-        let shard = self.shard_of(&heartbeat.key);
+        let (shard, hash) = self.shard_of(&heartbeat.key);
         let (renewal, lsn) = {
             let ctx = self.ctx();
             let mut shard = shard.lock();
-            let renewal =
-                shard.heartbeat(&heartbeat.key, ttl_ms, service, heartbeat.meta, &ctx, now);
+            let key = (&heartbeat.key, hash);
+            let renewal = shard.heartbeat(key, ttl_ms, service, heartbeat.meta, &ctx, now);
             // A heartbeat on a due key expires it first: publish that event.
             let lsn = shard.flush_events(&ctx);
             (renewal?, lsn)
@@ -316,26 +317,26 @@ impl Registry {
     /// The alive key, if any.
     pub fn get(&self, key: &Key, now: Instant) -> Option<KeyView> {
         let now = self.clock.at(now);
-        let view = self.with_shard(key, |shard, ctx| shard.view(key, ctx, now))?;
+        let view = self.with_shard(key, |shard, hash, ctx| shard.view((key, hash), ctx, now))?;
         Some(self.display(view, now))
     }
 
     /// TTL / PTTL.
     pub fn state(&self, key: &Key, now: Instant) -> KeyState {
         let now = self.clock.at(now);
-        self.with_shard(key, |shard, ctx| shard.state(key, ctx, now))
+        self.with_shard(key, |shard, hash, ctx| shard.state((key, hash), ctx, now))
     }
 
     /// PERSIST: `None` when the key is missing, else whether a TTL was removed.
     pub fn persist(&self, key: &Key, now: Instant) -> Result<Option<bool>, RegistryError> {
         let now = self.clock.at(now);
-        self.with_shard(key, |shard, ctx| shard.persist(key, ctx, now))
+        self.with_shard(key, |shard, hash, ctx| shard.persist((key, hash), ctx, now))
     }
 
     /// DEL: whether the key existed. Publishes a `deleted` event.
     pub fn delete(&self, key: &Key, now: Instant) -> Result<bool, RegistryError> {
         let now = self.clock.at(now);
-        self.with_shard(key, |shard, ctx| shard.delete(key, ctx, now))
+        self.with_shard(key, |shard, hash, ctx| shard.delete((key, hash), ctx, now))
     }
 
     /// EXPIRE / PEXPIRE / PEXPIREAT with an optional condition.
@@ -361,8 +362,16 @@ impl Registry {
         }
         let ttl_ms = ttl_ms.max(0) as u64;
         let absolute = matches!(at, ExpireAt::AtUnixMs(_));
-        let outcome = self.with_shard(key, |shard, ctx| {
-            shard.expire(key, target_ms, ttl_ms, absolute, condition, ctx, now)
+        let outcome = self.with_shard(key, |shard, hash, ctx| {
+            shard.expire(
+                (key, hash),
+                target_ms,
+                ttl_ms,
+                absolute,
+                condition,
+                ctx,
+                now,
+            )
         })?;
         if let ExpireOutcome::Applied { .. } = outcome {
             self.wake_for_heap_deadline(target_ms as u64);
@@ -380,7 +389,7 @@ impl Registry {
         let now = self.clock.at(now);
         let views = self.merge_pages(
             limit,
-            |shard| shard.list_alive(filter, limit + 1, &self.index, now),
+            |shard| shard.list_alive(filter, limit + 1, now),
             |view| &view.key,
         );
         let more = views.len() > limit;
@@ -490,23 +499,22 @@ impl Registry {
             journal: self.journal.get().map(|journal| &**journal),
             holding: self.holding.load(Ordering::Relaxed),
             keys: &self.keys,
-            index: &self.index,
+            hasher: &self.hasher,
         }
     }
 
-    fn shard_of(&self, key: &Key) -> &Mutex<Shard> {
-        let hash = self.hasher.hash_one(key.as_str());
-        // High bits pick the shard; the index's map uses the low bits and the top seven for its
-        // own shards and probes, so the two choices do not follow each other.
-        let shard_idx = (hash >> 40) as usize & (self.shards.len() - 1);
-        &self.shards[shard_idx].0
+    /// The shard of `key`, and the key's hash (its table probes with it).
+    fn shard_of(&self, key: &Key) -> (&Mutex<Shard>, KeyHash) {
+        let hash = KeyHash::of(&self.hasher, key);
+        let shard_idx = hash.shard_bits() & (self.shards.len() - 1);
+        (&self.shards[shard_idx].0, hash)
     }
 
-    fn with_shard<T>(&self, key: &Key, op: impl FnOnce(&mut Shard, &Ctx<'_>) -> T) -> T {
-        let shard = self.shard_of(key);
+    fn with_shard<T>(&self, key: &Key, op: impl FnOnce(&mut Shard, KeyHash, &Ctx<'_>) -> T) -> T {
+        let (shard, hash) = self.shard_of(key);
         let ctx = self.ctx();
         let mut shard = shard.lock();
-        let result = op(&mut shard, &ctx);
+        let result = op(&mut shard, hash, &ctx);
         shard.flush_events(&ctx);
         result
     }

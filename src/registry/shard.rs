@@ -1,7 +1,6 @@
-//! One shard of the registry: a share of the keys with their entries, wheel and heap, all
-//! behind the one lock the caller holds. The keys themselves are found through the registry's
-//! key index (`index`, a `DashMap` from key to slot), which every method reaches through
-//! [`Ctx`] and changes only under this shard's lock.
+//! One shard of the registry: a share of the keys with their entries, the table that finds
+//! them, the wheel and the heap, all behind the one lock the caller holds. The caller hashes a
+//! key once (`table::KeyHash`): the hash picked this shard and probes its table.
 //!
 //! Keeping a key's entry and its timer under the same lock is what makes a renewal one short
 //! critical section on this shard, and what lets the sweeper trust the entries: a slot it
@@ -10,8 +9,8 @@
 //!
 //! Invariants, all checked by [`Shard::check_invariants`] (the model and concurrency tests run
 //! it after every step, through `Registry::check_invariants`):
-//! - every entry's key is in the key index, mapped to the entry's slot (that the index holds
-//!   nothing else is checked across all shards, by `Registry::check_invariants`);
+//! - the key table holds exactly one element per entry, and finds each entry's key at the
+//!   entry's slot (`table::KeyTable::check_invariants`);
 //! - an entry's [`TimerRef`] says where its deadline lives: a wheel tick (and its position in that
 //!   bucket while the wheel still holds the tick), the heap, or nowhere (persistent);
 //!   a slot is current in at most one wheel bucket and at most once in the heap;
@@ -24,10 +23,10 @@
 
 use std::collections::HashMap;
 
-use super::index::KeyIndex;
 use super::listing::{ExpiredLog, ExpiredRecord, ListFilter, OrderedIndex};
 use super::services::ServiceId;
 use super::slots::Slots;
+use super::table::{KeyHash, KeyTable};
 use super::{Ctx, ExpireCondition, ExpireOutcome, KeyState, RegistryError};
 use crate::clock::Now;
 use crate::events::{Event, EventKind};
@@ -38,6 +37,10 @@ use crate::expiry::TimerKind;
 use crate::persist::journal::Lsn;
 use crate::persist::record::{ExpiredState, Expiry, KeyState as DurableKey, Record};
 use crate::types::{Key, Meta};
+use foldhash::fast::RandomState;
+
+/// A key and its hash, as the registry computed them once for the operation.
+pub(super) type Keyed<'a> = (&'a Key, KeyHash);
 
 /// `deadline_ms` of a key without a TTL.
 pub(super) const NO_DEADLINE: u64 = u64::MAX;
@@ -213,9 +216,10 @@ pub(super) struct Renewal {
 /// A share of the registry's keys. See the module documentation for its invariants.
 #[derive(Debug)]
 pub(super) struct Shard {
-    /// The entries of this shard's keys; the registry's key index (`ctx.index`) maps each key
-    /// to its slot here.
+    /// The entries of this shard's keys, each key stored once, inline in its entry.
     slots: Slots<Entry>,
+    /// Every key of `slots`, to its slot (see `table`).
+    table: KeyTable,
     wheel: TimingWheel,
     heap: DeadlineHeap,
     /// Wheel elements that are no longer their slot's current one: left behind by a renewal,
@@ -254,6 +258,7 @@ impl Shard {
     pub fn new(ctx: &Ctx<'_>, expired_max: usize) -> Self {
         Self {
             slots: Slots::default(),
+            table: KeyTable::default(),
             wheel: TimingWheel::new(ctx.config.max_ttl_s, 0),
             heap: DeadlineHeap::new(),
             n_stale: 0,
@@ -291,7 +296,7 @@ impl Shard {
     /// key's whole state, and is refused, changing nothing, while the log cannot be written.
     pub fn heartbeat(
         &mut self,
-        key: &Key,
+        key: Keyed<'_>,
         ttl_ms: u64,
         service: Option<ServiceId>,
         meta: Option<Meta>,
@@ -337,7 +342,7 @@ impl Shard {
             None => {
                 let (registered_unix_s, flags) = Entry::registered_at(now_unix_ms);
                 let entry = Entry {
-                    key: key.clone(),
+                    key: key.0.clone(),
                     meta,
                     deadline_ms,
                     ttl_ms,
@@ -347,7 +352,7 @@ impl Shard {
                     service: service.unwrap_or(ServiceId::NONE),
                     timer: TimerRef::PERSISTENT,
                 };
-                (self.insert(entry, ctx), true)
+                (self.insert(key.1, entry), true)
             }
         };
         self.schedule(slot, Some(timer), deadline_ms);
@@ -365,12 +370,12 @@ impl Shard {
         })
     }
 
-    pub fn view(&mut self, key: &Key, ctx: &Ctx<'_>, now: Now) -> Option<EntryView> {
+    pub fn view(&mut self, key: Keyed<'_>, ctx: &Ctx<'_>, now: Now) -> Option<EntryView> {
         let slot = self.find_alive(key, ctx, now.ms)?;
         Some(self.view_of(slot))
     }
 
-    pub fn state(&mut self, key: &Key, ctx: &Ctx<'_>, now: Now) -> KeyState {
+    pub fn state(&mut self, key: Keyed<'_>, ctx: &Ctx<'_>, now: Now) -> KeyState {
         let now_ms = now.ms;
         match self.find_alive(key, ctx, now_ms) {
             None => KeyState::Missing,
@@ -384,7 +389,7 @@ impl Shard {
     /// PERSIST: `None` when missing, else whether a TTL was removed.
     pub fn persist(
         &mut self,
-        key: &Key,
+        key: Keyed<'_>,
         ctx: &Ctx<'_>,
         now: Now,
     ) -> Result<Option<bool>, RegistryError> {
@@ -405,7 +410,12 @@ impl Shard {
         Ok(Some(true))
     }
 
-    pub fn delete(&mut self, key: &Key, ctx: &Ctx<'_>, now: Now) -> Result<bool, RegistryError> {
+    pub fn delete(
+        &mut self,
+        key: Keyed<'_>,
+        ctx: &Ctx<'_>,
+        now: Now,
+    ) -> Result<bool, RegistryError> {
         let now_ms = now.ms;
         let Some(slot) = self.find_alive(key, ctx, now_ms) else {
             return Ok(false);
@@ -423,7 +433,7 @@ impl Shard {
     #[allow(clippy::too_many_arguments)] // one call site; a struct would only rename them
     pub fn expire(
         &mut self,
-        key: &Key,
+        key: Keyed<'_>,
         target_ms: i64,
         ttl_ms: u64,
         absolute: bool,
@@ -675,20 +685,14 @@ impl Shard {
     }
 
     /// Up to `limit` alive keys matching `filter`, in key order.
-    pub fn list_alive(
-        &self,
-        filter: &ListFilter,
-        limit: usize,
-        index: &KeyIndex,
-        now: Now,
-    ) -> Vec<EntryView> {
+    pub fn list_alive(&self, filter: &ListFilter, limit: usize, now: Now) -> Vec<EntryView> {
         let Some(ordered) = &self.ordered else {
             return Vec::new();
         };
         let now_ms = now.ms;
+        let slots = &self.slots;
         ordered
-            .scan(filter)
-            .filter_map(|key| index.slot(key))
+            .scan(filter, |slot| &slots.entry(slot).key)
             .filter(|&slot| {
                 let entry = self.slots.entry(slot);
                 let held = matches!(entry.timer.get(), Timer::Held { .. });
@@ -732,6 +736,7 @@ impl Shard {
     pub fn restore_state(
         &mut self,
         state: DurableKey,
+        hash: KeyHash,
         service: ServiceId,
         ctx: &Ctx<'_>,
         now: Now,
@@ -755,7 +760,7 @@ impl Shard {
         };
         let (registered_unix_s, subsec) = Entry::registered_at(state.registered_unix_ms);
         let flags = subsec | RESTORED | if absolute { ABSOLUTE } else { 0 };
-        let slot = match ctx.index.slot(&state.key) {
+        let slot = match self.find((&state.key, hash)) {
             Some(slot) => {
                 self.change_service(slot, service);
                 let entry = self.slots.entry_mut(slot);
@@ -768,6 +773,7 @@ impl Shard {
             None => {
                 ctx.count_key();
                 self.insert(
+                    hash,
                     Entry {
                         key: state.key,
                         meta: state.meta,
@@ -779,7 +785,6 @@ impl Shard {
                         service,
                         timer: TimerRef::PERSISTENT,
                     },
-                    ctx,
                 )
             }
         };
@@ -792,8 +797,9 @@ impl Shard {
     /// Applies a deletion or an expiry read back from the log: the key leaves the alive keys
     /// silently; an expiry (`expired`: when, and the last heartbeat) puts it on the expired
     /// list with the service and metadata it had.
-    pub fn restore_removal(&mut self, key: &Key, expired: Option<(u64, u64)>, ctx: &Ctx<'_>) {
-        let entry = ctx.index.slot(key).map(|slot| self.detach(slot, ctx));
+    pub fn restore_removal(&mut self, key: Keyed<'_>, expired: Option<(u64, u64)>, ctx: &Ctx<'_>) {
+        let entry = self.find(key).map(|slot| self.detach(slot, ctx));
+        let key = key.0;
         let Some((expired_unix_ms, last_heartbeat_unix_ms)) = expired else {
             return;
         };
@@ -816,8 +822,8 @@ impl Shard {
 
     /// Puts a key read back from a snapshot's expired list on the expired list, unless it is
     /// alive.
-    pub fn restore_expired(&mut self, key: Key, record: ExpiredRecord, index: &KeyIndex) {
-        if index.slot(&key).is_none() {
+    pub fn restore_expired(&mut self, key: Key, hash: KeyHash, record: ExpiredRecord) {
+        if self.find((&key, hash)).is_none() {
             self.expired.record(key, record);
         }
     }
@@ -860,8 +866,16 @@ impl Shard {
     /// `detached` is the part of this shard's bucket of `tick` that the sweeper has detached
     /// and not yet processed (`(tick, bucket, next offset)`), if a sweep is under way.
     /// O(keys + wheel elements): for tests, which call it after every step.
-    pub fn check_invariants(&self, detached: Option<(Tick, &[SlotId], usize)>, index: &KeyIndex) {
+    pub fn check_invariants(
+        &self,
+        detached: Option<(Tick, &[SlotId], usize)>,
+        hasher: &RandomState,
+    ) {
         self.slots.check_invariants();
+        let hash_of = |key: &Key| KeyHash::of(hasher, key);
+        self.table.check_invariants(self.slots.len(), |slot| {
+            self.slots.get(slot).map(|entry| hash_of(&entry.key))
+        });
         assert!(self.pending_events.is_empty(), "events left unpublished");
         assert!(
             self.pending_records.is_empty(),
@@ -877,9 +891,9 @@ impl Shard {
         for (slot, entry) in self.slots.iter() {
             n_live += 1;
             assert_eq!(
-                index.slot(&entry.key),
+                self.find((&entry.key, hash_of(&entry.key))),
                 Some(slot),
-                "{} is not indexed at its slot",
+                "{} is not found at its slot",
                 entry.key
             );
             let service = entry.service.index();
@@ -981,14 +995,14 @@ impl Shard {
             "an uncounted service"
         );
         if let Some(ordered) = &self.ordered {
+            let slots = &self.slots;
             ordered.check_invariants(
-                self.slots
-                    .iter()
-                    .map(|(_, entry)| (&entry.key, entry.service)),
+                slots.iter().map(|(slot, entry)| (slot, entry.service)),
+                |slot| &slots.entry(slot).key,
             );
         }
         self.expired
-            .check_invariants(|key| index.slot(key).is_some());
+            .check_invariants(|key| self.find((key, hash_of(key))).is_some());
     }
 
     /// A wheel entry's element is where its timer says: in a bucket the wheel holds, in the
@@ -1101,8 +1115,8 @@ impl Shard {
     /// The slot of `key` if it is alive at `now_ms`, or held. A key whose deadline has passed is
     /// expired here and then, so that no read ever sees it, even before the sweeper reaches it;
     /// held instead while the guard holds.
-    fn find_alive(&mut self, key: &Key, ctx: &Ctx<'_>, now_ms: u64) -> Option<SlotId> {
-        let slot = ctx.index.slot(key)?;
+    fn find_alive(&mut self, key: Keyed<'_>, ctx: &Ctx<'_>, now_ms: u64) -> Option<SlotId> {
+        let slot = self.find(key)?;
         let entry = self.slots.entry(slot);
         if entry.deadline_ms > now_ms || matches!(entry.timer.get(), Timer::Held { .. }) {
             return Some(slot);
@@ -1115,16 +1129,22 @@ impl Shard {
         None
     }
 
-    /// Stores a new key's entry and indexes it.
-    fn insert(&mut self, entry: Entry, ctx: &Ctx<'_>) -> SlotId {
+    /// The slot of `key`, if it is in this shard.
+    fn find(&self, (key, hash): Keyed<'_>) -> Option<SlotId> {
+        self.table
+            .find(hash, |slot| self.slots.entry(slot).key == *key)
+    }
+
+    /// Stores a new key's entry (its key has `hash`) and adds it to the table.
+    fn insert(&mut self, hash: KeyHash, entry: Entry) -> SlotId {
         let service = entry.service;
-        if let Some(ordered) = &mut self.ordered {
-            ordered.insert(&entry.key, service);
-        }
         self.expired.forget(&entry.key);
-        let key = entry.key.clone();
         let slot = self.slots.insert(entry);
-        ctx.index.insert(key, slot);
+        self.table.insert(hash, slot);
+        if let Some(ordered) = &mut self.ordered {
+            let slots = &self.slots;
+            ordered.insert(slot, service, |slot| &slots.entry(slot).key);
+        }
         self.count_service(service, 1);
         slot
     }
@@ -1166,12 +1186,14 @@ impl Shard {
     fn detach(&mut self, slot: SlotId, ctx: &Ctx<'_>) -> Entry {
         ctx.free_key();
         self.unschedule(slot);
-        let entry = self.slots.remove(slot);
-        ctx.index.remove(&entry.key);
-        self.count_service(entry.service, -1);
         if let Some(ordered) = &mut self.ordered {
-            ordered.remove(&entry.key, entry.service);
+            let slots = &self.slots;
+            let service = slots.entry(slot).service;
+            ordered.remove(slot, service, |slot| &slots.entry(slot).key);
         }
+        let entry = self.slots.remove(slot);
+        self.table.remove(ctx.hash(&entry.key), slot);
+        self.count_service(entry.service, -1);
         entry
     }
 
@@ -1292,8 +1314,10 @@ impl Shard {
             return;
         }
         if let Some(ordered) = &mut self.ordered {
-            ordered.remove(&entry.key, old);
-            ordered.insert(&entry.key, service);
+            let slots = &self.slots;
+            let key_of = |slot| &slots.entry(slot).key;
+            ordered.remove(slot, old, key_of);
+            ordered.insert(slot, service, key_of);
         }
         self.count_service(old, -1);
         self.count_service(service, 1);

@@ -276,7 +276,10 @@ async fn a_batch_cut_off_by_shutdown_is_delivered_after_the_restart() {
         .into_iter()
         .map(|(id, _, _)| id)
         .collect();
-    assert_eq!((answered.len(), cut_off.len()), (20, 10));
+    // How many events each batch carried depends on how the expiries reached the outbox (one
+    // publication per shard): at most 10, and the cut-off batch carried some.
+    assert!(before.iter().all(|r| events_of(r).len() <= 10));
+    assert!(!cut_off.is_empty(), "the held request carried events");
 
     receiver.hold_after(usize::MAX, Duration::ZERO);
     let server = Server::start(&dir, &args);
@@ -287,7 +290,7 @@ async fn a_batch_cut_off_by_shutdown_is_delivered_after_the_restart() {
                 .iter()
                 .flat_map(|r| events_of(r).into_iter().map(|(_, _, key)| key))
                 .collect();
-            after.len() == KEYS - 20
+            after.len() == KEYS - answered.len()
         })
         .await;
     let after: Vec<(String, String, String)> = receiver.requests()[3..]

@@ -5,19 +5,30 @@
 //! reference to it is 4 bytes. Ids stay dense because freed ones are handed out again first,
 //! which keeps the heap's `positions` array and the table itself compact.
 //!
-//! Costs: insert, remove and lookup are O(1). The table grows by an eighth at a time, not by
-//! doubling (see [`Slots::insert`]); it never shrinks.
+//! Costs: insert, remove and lookup are O(1). The table grows a chunk of [`CHUNK`] entries at a
+//! time and never moves an entry: a registry growing to 10M keys never copies its entries
+//! under a shard's lock (a single vector of 625k entries, a shard's share of 10M, is 45 MB to
+//! copy when it grows, and an allocator that cannot remap pages copies it). It never shrinks.
 //!
 //! Invariants ([`Slots::check_invariants`]): an id is either live (its entry is `Some`) or in
-//! `free` (its entry is `None`), never both, and `free` holds each id at most once.
+//! `free` (its entry is `None`), never both, and `free` holds each id at most once; every chunk
+//! but the last is full.
 
 use crate::expiry::wheel::SlotId;
+
+/// log2 of [`CHUNK`]; 16 entries in the unit tests, so that they cross chunk boundaries.
+const CHUNK_BITS: u32 = if cfg!(test) { 4 } else { 12 };
+/// Entries per chunk: 4,096 outside tests (288 KiB of 72-byte entries, of which only the pages written count
+/// in the process's memory), so a lookup's extra step is into a chunk list that stays in cache
+/// (2,500 chunk pointers for 10M keys).
+const CHUNK: usize = 1 << CHUNK_BITS;
 
 /// Entries by slot id; see the module documentation.
 #[derive(Debug)]
 pub(super) struct Slots<T> {
-    /// `entries[id]` is the entry of slot `id`, or `None` when the slot is free.
-    entries: Vec<Option<T>>,
+    /// `chunks[id / CHUNK][id % CHUNK]` is the entry of slot `id`, or `None` when the slot is
+    /// free; each chunk is allocated whole (capacity `CHUNK`) and filled in order.
+    chunks: Vec<Vec<Option<T>>>,
     /// Freed ids, reused last-freed first.
     free: Vec<SlotId>,
 }
@@ -25,7 +36,7 @@ pub(super) struct Slots<T> {
 impl<T> Default for Slots<T> {
     fn default() -> Self {
         Self {
-            entries: Vec::new(),
+            chunks: Vec::new(),
             free: Vec::new(),
         }
     }
@@ -35,27 +46,39 @@ impl<T> Slots<T> {
     /// Stores `entry` and returns its id: a freed one if there is one, else a new one.
     pub fn insert(&mut self, entry: T) -> SlotId {
         if let Some(slot) = self.free.pop() {
-            debug_assert!(
-                self.entries[slot as usize].is_none(),
-                "a free slot is empty"
-            );
-            self.entries[slot as usize] = Some(entry);
+            let place = self.place_mut(slot).expect("a free id is within the table");
+            debug_assert!(place.is_none(), "a free slot is empty");
+            *place = Some(entry);
             return slot;
         }
-        if self.entries.len() == self.entries.capacity() {
-            // Grow by an eighth rather than doubling: at millions of keys a doubled vector
-            // leaves up to half its memory unused, and large reallocations are page remaps.
-            let extra = (self.entries.len() / 8).max(64);
-            self.entries.reserve_exact(extra);
+        if self.chunks.last().is_none_or(|chunk| chunk.len() == CHUNK) {
+            self.chunks.push(Vec::with_capacity(CHUNK));
         }
-        self.entries.push(Some(entry));
-        SlotId::try_from(self.entries.len() - 1).expect("fewer than 2^32 slots per shard")
+        let slot = self.len_with_free();
+        self.chunks
+            .last_mut()
+            .expect("a chunk with room was just ensured")
+            .push(Some(entry));
+        slot
+    }
+
+    fn place(&self, slot: SlotId) -> Option<&Option<T>> {
+        self.chunks
+            .get((slot >> CHUNK_BITS) as usize)?
+            .get(slot as usize & (CHUNK - 1))
+    }
+
+    fn place_mut(&mut self, slot: SlotId) -> Option<&mut Option<T>> {
+        self.chunks
+            .get_mut((slot >> CHUNK_BITS) as usize)?
+            .get_mut(slot as usize & (CHUNK - 1))
     }
 
     /// Removes and returns the entry of a live `slot`; the id becomes free.
     pub fn remove(&mut self, slot: SlotId) -> T {
-        let entry = self.entries[slot as usize]
-            .take()
+        let entry = self
+            .place_mut(slot)
+            .and_then(Option::take)
             .expect("removing a live slot");
         self.free.push(slot);
         entry
@@ -63,15 +86,15 @@ impl<T> Slots<T> {
 
     /// The entry of `slot`, if it is live.
     pub fn get(&self, slot: SlotId) -> Option<&T> {
-        self.entries.get(slot as usize)?.as_ref()
+        self.place(slot)?.as_ref()
     }
 
     pub fn get_mut(&mut self, slot: SlotId) -> Option<&mut T> {
-        self.entries.get_mut(slot as usize)?.as_mut()
+        self.place_mut(slot)?.as_mut()
     }
 
-    /// The entry of a slot the caller knows is live (its id came from the index or a current
-    /// timer reference).
+    /// The entry of a slot the caller knows is live (its id came from the key table or a
+    /// current timer reference).
     pub fn entry(&self, slot: SlotId) -> &T {
         self.get(slot).expect("slot is live")
     }
@@ -82,32 +105,42 @@ impl<T> Slots<T> {
 
     /// Live entries.
     pub fn len(&self) -> usize {
-        self.entries.len() - self.free.len()
+        self.len_with_free() as usize - self.free.len()
     }
 
     /// The number of ids handed out so far, live or free: every live id is below it.
     pub fn len_with_free(&self) -> SlotId {
-        SlotId::try_from(self.entries.len()).expect("fewer than 2^32 slots per shard")
+        let full = self.chunks.len().saturating_sub(1) * CHUNK;
+        let last = self.chunks.last().map_or(0, Vec::len);
+        SlotId::try_from(full + last).expect("fewer than 2^32 slots per shard")
     }
 
     /// Every live `(slot, entry)`, in id order.
     pub fn iter(&self) -> impl Iterator<Item = (SlotId, &T)> {
         (0..)
-            .zip(&self.entries)
+            .zip(self.chunks.iter().flatten())
             .filter_map(|(slot, entry)| Some((slot, entry.as_ref()?)))
     }
 
     /// Checks the invariants of the module documentation; panics naming the first one broken.
     pub fn check_invariants(&self) {
-        let mut is_free = vec![false; self.entries.len()];
+        if let Some((_, full)) = self.chunks.split_last() {
+            assert!(
+                full.iter().all(|chunk| chunk.len() == CHUNK),
+                "a chunk before the last is not full"
+            );
+        }
+        let n_ids = self.len_with_free() as usize;
+        let mut is_free = vec![false; n_ids];
         for &slot in &self.free {
             let index = slot as usize;
-            assert!(index < self.entries.len(), "free id {slot} past the table");
+            assert!(index < n_ids, "free id {slot} past the table");
             assert!(!is_free[index], "free id {slot} listed twice");
-            assert!(self.entries[index].is_none(), "free id {slot} has an entry");
+            assert!(self.get(slot).is_none(), "free id {slot} has an entry");
             is_free[index] = true;
         }
-        for (index, entry) in self.entries.iter().enumerate() {
+        let places = self.chunks.iter().flatten();
+        for (index, entry) in places.enumerate() {
             assert!(
                 entry.is_some() || is_free[index],
                 "slot {index} is neither live nor free"
@@ -205,7 +238,7 @@ mod tests {
                 let live: Vec<(SlotId, u8)> = slots.iter().map(|(id, &v)| (id, v)).collect();
                 let expected: Vec<(SlotId, u8)> = model.iter().map(|(&id, &v)| (id, v)).collect();
                 prop_assert_eq!(live, expected);
-                prop_assert!(slots.entries.len() <= most_live);
+                prop_assert!(slots.len_with_free() as usize <= most_live);
             }
         }
     }

@@ -18,11 +18,16 @@ OUT=target/index-ab
 mkdir -p "$OUT"
 export TTLWHEEL_BENCH_SUBJECTS=ttlwheel-wheel,dashmap+bucket-sets
 
-git worktree remove --force "$OUT/old" 2>/dev/null || true
-rm -rf "$OUT/old" "$OUT/new"
-git worktree prune
-git worktree add -q --detach "$OUT/old" "$OLD"
-trap 'git worktree remove --force "$OUT/old" 2>/dev/null || true' EXIT
+# The old side's worktree (and its build, which takes minutes) is kept between runs while it is
+# at OLD; `KEEP=0` removes it at the end.
+if [ "$(git -C "$OUT/old" rev-parse HEAD 2>/dev/null)" != "$(git rev-parse "$OLD^{commit}")" ]; then
+    git worktree remove --force "$OUT/old" 2>/dev/null || true
+    rm -rf "$OUT/old"
+    git worktree prune
+    git worktree add -q --detach "$OUT/old" "$OLD"
+fi
+rm -rf "$OUT/new"
+[ "${KEEP:-1}" = 1 ] || trap 'git worktree remove --force "$OUT/old" 2>/dev/null || true' EXIT
 
 run() { # directory, label
     local log=$PWD/$OUT/$2.log

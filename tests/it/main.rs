@@ -5,6 +5,7 @@ mod auth;
 mod binary;
 mod bounds;
 mod browser;
+mod client;
 mod concurrency;
 mod contract;
 mod durability;

@@ -15,10 +15,13 @@
 //! - [`metrics`]: Prometheus metrics (`GET /metrics`).
 //! - [`routes`]: the table of every route, by name, that `http` and `metrics` both read.
 //! - [`clock`]: monotonic epoch milliseconds and their display as wall time.
+//! - [`cli`]: the operator's subcommands (`keys`, `events`, `guard`, ...), clients of a running
+//!   server through `ttlwheel-client`.
 //!
 //! See `ARCHITECTURE.md` for the map and the invariants.
 
 pub mod auth;
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod edge;

@@ -1,4 +1,5 @@
-//! The `ttlwheel` binary: flags to [`Config`], logging, bind, [`ttlwheel::run`].
+//! The `ttlwheel` binary: flags to [`Config`], logging, bind, [`ttlwheel::run`]; or, with a
+//! subcommand, `token new` or one of the operator's client commands ([`ttlwheel::cli`]).
 
 use std::io::IsTerminal;
 
@@ -16,13 +17,15 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> anyhow::Result<()> {
     let config = Config::parse();
     init_tracing(config.log_format);
-    if let Some(Command::Token(TokenCommand::New {
-        id,
-        scopes,
-        description,
-    })) = &config.command
-    {
-        return print_new_token(id, scopes, description);
+    match &config.command {
+        Some(Command::Token(TokenCommand::New {
+            id,
+            scopes,
+            description,
+        })) => return print_new_token(id, scopes, description),
+        // A client of a running server: its exit code says what happened (README, "The CLI").
+        Some(Command::Client(command)) => std::process::exit(ttlwheel::cli::run(command.clone())),
+        None => {}
     }
     config
         .check_secure_start()

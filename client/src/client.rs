@@ -539,6 +539,14 @@ impl Client {
         }
     }
 
+    /// `GET /healthz`: the body of a healthy server's answer. An unhealthy one answers 503
+    /// (`lagging`, `recovering`), which is retried on the next endpoint like any 503, so
+    /// [`Error::Unavailable`] means no endpoint is healthy.
+    pub async fn health(&self) -> Result<serde_json::Value, Error> {
+        let call = Call::new(Method::GET, "/healthz".to_owned());
+        self.inner.transport.send(&call).await?.json()
+    }
+
     /// The live event stream (`GET /v1/events`), connected: every event after this call
     /// returns is in it. It is followed across reconnects with `Last-Event-ID` (see
     /// [`crate::sse`]), and ends after an error: the server's refusal, or no endpoint

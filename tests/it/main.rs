@@ -5,6 +5,7 @@ mod auth;
 mod binary;
 mod bounds;
 mod browser;
+mod cli;
 mod client;
 mod concurrency;
 mod contract;

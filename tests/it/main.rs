@@ -9,6 +9,7 @@ mod cli;
 mod client;
 mod concurrency;
 mod contract;
+mod deploy;
 mod durability;
 mod edge;
 mod engine;

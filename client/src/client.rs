@@ -260,7 +260,9 @@ impl Client {
     }
 
     /// Registers `key` and keeps it alive until the handle is shut down (or dropped): see
-    /// [`crate::keep_alive`] for the rules. Returns once the first heartbeat is accepted; a
+    /// [`crate::keep_alive`] for the rules. Keep each key alive through one handle: two
+    /// handles of one key heartbeat it twice, and the first shut down deletes it under the
+    /// other (which then reports it lost and registers it again). Returns once the first heartbeat is accepted; a
     /// key the server refuses (invalid, or outside the token's scope) is an [`Error::Api`],
     /// and no endpoint answering is [`Error::Unavailable`]. Must run within a tokio runtime.
     pub async fn keep_alive(
@@ -368,6 +370,20 @@ impl Client {
     }
 
     /// Every alive key matching `query`, sorted by key, page after page as the stream is read.
+    ///
+    /// ```rust,no_run
+    /// # async fn run(client: ttlwheel_client::Client) -> Result<(), ttlwheel_client::Error> {
+    /// use futures_util::StreamExt;
+    /// use ttlwheel_client::ListQuery;
+    ///
+    /// let mut keys = std::pin::pin!(client.list(ListQuery::all().service("api")));
+    /// while let Some(key) = keys.next().await {
+    ///     let key = key?;
+    ///     println!("{} expires in {:?} ms", key.key, key.expires_in_ms);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn list(
         &self,
         query: ListQuery,
@@ -412,9 +428,13 @@ impl Client {
         F: Fn(Client, ListQuery, Option<String>) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = Result<Page<T>, Error>> + Send,
     {
+        /// The listing between two items.
         struct Pager<T, F> {
+            /// Where pages come from.
             client: Client,
+            /// The filters.
             query: ListQuery,
+            /// Fetches the page after a cursor.
             fetch: F,
             /// Items of the page being read.
             items: std::vec::IntoIter<T>,
@@ -550,7 +570,25 @@ impl Client {
     /// The live event stream (`GET /v1/events`), connected: every event after this call
     /// returns is in it. It is followed across reconnects with `Last-Event-ID` (see
     /// [`crate::sse`]), and ends after an error: the server's refusal, or no endpoint
-    /// answering.
+    /// answering for [`crate::sse::RECONNECT_FOR`].
+    ///
+    /// ```rust,no_run
+    /// # async fn run(client: ttlwheel_client::Client) -> Result<(), ttlwheel_client::Error> {
+    /// use futures_util::StreamExt;
+    /// use ttlwheel_client::EventsQuery;
+    ///
+    /// let mut events = std::pin::pin!(client.events(EventsQuery::default()).await?);
+    /// while let Some(event) = events.next().await {
+    ///     let event = event?;
+    ///     match event.kind.as_str() {
+    ///         "expired" => println!("{} died", event.key().unwrap_or_default()),
+    ///         "reset" => println!("events were missed: re-read the lists"),
+    ///         _ => {}
+    ///     }
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn events(
         &self,
         query: EventsQuery,

@@ -330,9 +330,11 @@ pub(crate) fn plan_batches(
 /// The batch answer (`results`: each item's answer or error, in order).
 #[derive(Debug, Deserialize)]
 struct BatchAnswer {
+    /// One per item, in order.
     results: Vec<BatchItem>,
 }
 
+/// One item's result: its error (`{"error": ...}`), or the heartbeat's answer.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 enum BatchItem {

@@ -201,10 +201,13 @@ pub enum ExpireCondition {
 /// The body of `PUT /v1/keys/{key}/ttl`.
 #[derive(Debug, Serialize)]
 pub(crate) struct ExpireBody {
+    /// A relative deadline (exactly one of the two).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) ttl_ms: Option<i64>,
+    /// An absolute deadline, Unix ms.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) at_ms: Option<i64>,
+    /// When it applies.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) condition: Option<ExpireCondition>,
 }

@@ -8,7 +8,7 @@
 //! The stream reconnects when the connection ends or breaks, to the next endpoint if need be,
 //! with `Last-Event-ID`: the server then sends what was missed from its ring, or a `reset`
 //! event when it cannot (the reader should re-read the lists). It ends after an error the
-//! server gave (4xx) or when no endpoint answers.
+//! server gave (4xx), or when no endpoint has answered for [`RECONNECT_FOR`].
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -24,6 +24,20 @@ use crate::transport::{Call, Transport};
 /// The longest the stream waits for a byte: the server sends a comment every 15 s, so a
 /// silent connection this long is dead (a half-open TCP connection never ends by itself).
 pub const STREAM_IDLE: Duration = Duration::from_secs(45);
+
+/// How long the stream keeps reconnecting while no endpoint answers before it ends with
+/// [`Error::Unavailable`]: a restart (recovery included) fits in it.
+pub const RECONNECT_FOR: Duration = Duration::from_secs(60);
+
+/// The wait before reconnection number `reconnects`: 100 ms doubling to 5 s, jittered.
+fn reconnect_delay(reconnects: u32) -> Duration {
+    crate::backoff::retry_delay(
+        reconnects,
+        Duration::from_millis(100),
+        Duration::from_secs(5),
+        fastrand::f64(),
+    )
+}
 
 /// One frame as sent.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -145,6 +159,8 @@ pub(crate) struct Follow {
     pub(crate) reconnects: u32,
     /// The stream has ended.
     pub(crate) done: bool,
+    /// Since when reconnecting has failed on every endpoint (`None`: connected, or not tried).
+    pub(crate) failing_since: Option<tokio::time::Instant>,
 }
 
 impl Follow {
@@ -161,6 +177,7 @@ impl Follow {
             ready: VecDeque::new(),
             reconnects: 0,
             done: false,
+            failing_since: None,
         };
         follow.response = Some(follow.connect().await?);
         Ok(follow)
@@ -177,7 +194,22 @@ impl Follow {
             }
             let Some(response) = self.response.as_mut() else {
                 match self.connect().await {
-                    Ok(response) => self.response = Some(response),
+                    Ok(response) => {
+                        self.failing_since = None;
+                        self.response = Some(response);
+                    }
+                    // A server restarting: keep trying for a while, as the backoff allows.
+                    Err(error)
+                        if error.is_unavailable()
+                            && self
+                                .failing_since
+                                .get_or_insert_with(tokio::time::Instant::now)
+                                .elapsed()
+                                < RECONNECT_FOR =>
+                    {
+                        self.reconnects += 1;
+                        tokio::time::sleep(reconnect_delay(self.reconnects)).await;
+                    }
                     Err(error) => {
                         self.done = true;
                         return Some(Err(error));
@@ -201,13 +233,7 @@ impl Follow {
                     self.response = None;
                     self.parser.reset();
                     self.reconnects += 1;
-                    let delay = crate::backoff::retry_delay(
-                        self.reconnects,
-                        Duration::from_millis(100),
-                        Duration::from_secs(5),
-                        fastrand::f64(),
-                    );
-                    tokio::time::sleep(delay).await;
+                    tokio::time::sleep(reconnect_delay(self.reconnects)).await;
                 }
             }
         }

@@ -309,6 +309,9 @@ pub enum Command {
     /// Token management.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// The operator's commands, clients of a running server (see `crate::cli`).
+    #[command(flatten)]
+    Client(crate::cli::ClientCommand),
 }
 
 #[derive(Clone, Debug, clap::Subcommand)]

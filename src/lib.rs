@@ -15,10 +15,14 @@
 //! - [`metrics`]: Prometheus metrics (`GET /metrics`).
 //! - [`routes`]: the table of every route, by name, that `http` and `metrics` both read.
 //! - [`clock`]: monotonic epoch milliseconds and their display as wall time.
+//! - [`systemd`]: `READY=1` / `STOPPING=1` for a `Type=notify` unit.
+//! - [`cli`]: the operator's subcommands (`keys`, `events`, `guard`, ...), clients of a running
+//!   server through `ttlwheel-client`.
 //!
 //! See `ARCHITECTURE.md` for the map and the invariants.
 
 pub mod auth;
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod edge;
@@ -32,6 +36,7 @@ pub mod placement;
 pub mod registry;
 pub mod routes;
 pub mod stream;
+pub mod systemd;
 pub mod ticker;
 pub mod types;
 
@@ -119,6 +124,8 @@ pub struct Service {
     tls: Option<Arc<edge::tls::Tls>>,
     /// The runtimes connections and the ticker run on.
     placement: Placement,
+    /// Set once recovery has finished (the key routes then serve): for systemd's `READY=1`.
+    ready: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Records appended since the last snapshot that make the next one due: the log then holds
@@ -203,7 +210,7 @@ impl Service {
         }));
         let app = http::app(http::AppState::new(http::Shared {
             registry: Arc::clone(&registry),
-            ready,
+            ready: Arc::clone(&ready),
             fsync_always: persistence
                 .as_ref()
                 .is_some_and(|(_, mode)| *mode == FsyncMode::Always),
@@ -239,7 +246,14 @@ impl Service {
             auth,
             tls,
             placement,
+            ready,
         })
+    }
+
+    /// The flag set once recovery from the data directory has finished (at once without
+    /// one): from then on the key routes serve (`main` tells systemd).
+    pub fn ready_flag(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        Arc::clone(&self.ready)
     }
 
     /// The metrics the service records (tests read the requests it answered from them).

@@ -1,4 +1,5 @@
-//! The `ttlwheel` binary: flags to [`Config`], logging, bind, [`ttlwheel::run`].
+//! The `ttlwheel` binary: flags to [`Config`], logging, bind, [`ttlwheel::run`]; or, with a
+//! subcommand, `token new` or one of the operator's client commands ([`ttlwheel::cli`]).
 
 use std::io::IsTerminal;
 
@@ -16,13 +17,15 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> anyhow::Result<()> {
     let config = Config::parse();
     init_tracing(config.log_format);
-    if let Some(Command::Token(TokenCommand::New {
-        id,
-        scopes,
-        description,
-    })) = &config.command
-    {
-        return print_new_token(id, scopes, description);
+    match &config.command {
+        Some(Command::Token(TokenCommand::New {
+            id,
+            scopes,
+            description,
+        })) => return print_new_token(id, scopes, description),
+        // A client of a running server: its exit code says what happened (README, "The CLI").
+        Some(Command::Client(command)) => std::process::exit(ttlwheel::cli::run(command.clone())),
+        None => {}
     }
     config
         .check_secure_start()
@@ -54,11 +57,13 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let address = listener.local_addr().context("reading the bound address")?;
     tracing::info!(%address, max_ttl_s = config.max_ttl, default_ttl_s = config.default_ttl, serving = ?config.serving, threads = config.serving_threads(), "ttlwheel listening on http://{address}");
     let placement = ttlwheel::placement(&config).context("starting the serving threads")?;
-    ttlwheel::Service::start_on(&config, placement)
-        .context("ttlwheel cannot start")?
-        .serve(listener, shutdown_signal())
-        .await
-        .context("ttlwheel cannot go on")?;
+    let service =
+        ttlwheel::Service::start_on(&config, placement).context("ttlwheel cannot start")?;
+    // Under a `Type=notify` systemd unit: READY=1 once recovered (deploy/ttlwheel.service).
+    let notifier = tokio::spawn(ttlwheel::systemd::notify_when_ready(service.ready_flag()));
+    let served = service.serve(listener, shutdown_signal()).await;
+    notifier.abort();
+    served.context("ttlwheel cannot go on")?;
     tracing::info!("ttlwheel stopped");
     Ok(())
 }
@@ -113,5 +118,8 @@ async fn shutdown_signal() {
     tokio::select! {
         () = interrupt => tracing::info!("SIGINT: shutting down"),
         () = terminate => tracing::info!("SIGTERM: shutting down"),
+    }
+    if let Err(error) = ttlwheel::systemd::notify("STOPPING=1") {
+        tracing::warn!(%error, "cannot tell systemd we are stopping");
     }
 }

@@ -23,12 +23,23 @@ pub struct Server {
 impl Server {
     /// Starts the binary on `data_dir` with `args`; returns once it listens (not yet ready).
     pub fn start(data_dir: &Path, args: &[&str]) -> Self {
+        let mut all: Vec<&std::ffi::OsStr> = ["--listen", "127.0.0.1:0", "--log-format", "text"]
+            .iter()
+            .map(std::ffi::OsStr::new)
+            .collect();
+        all.push("--data-dir".as_ref());
+        all.push(data_dir.as_os_str());
+        all.extend(args.iter().map(std::ffi::OsStr::new));
+        Self::spawn(&all, &[])
+    }
+
+    /// Starts the binary with exactly `args` (which must listen on a loopback port 0) and
+    /// `env`; returns once it listens.
+    pub fn spawn(args: &[impl AsRef<std::ffi::OsStr>], env: &[(&str, &std::ffi::OsStr)]) -> Self {
         let mut child = Command::new(BINARY)
-            .args(["--listen", "127.0.0.1:0", "--log-format", "text"])
-            .arg("--data-dir")
-            .arg(data_dir)
             .args(args)
             .env_remove("RUST_LOG")
+            .envs(env.iter().copied())
             .stderr(Stdio::piped())
             .spawn()
             .expect("the binary starts");
@@ -40,7 +51,11 @@ impl Server {
             move || {
                 for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                     if let Some(rest) = line.split("listening on http://").nth(1) {
-                        let address = rest.split_whitespace().next().unwrap_or("").to_owned();
+                        // Text logs end the address with a space, JSON logs with a quote.
+                        let address: String = rest
+                            .chars()
+                            .take_while(|c| !c.is_whitespace() && *c != '"')
+                            .collect();
                         let _ = address_tx.send(address);
                     }
                     log.lock().unwrap().push(line);

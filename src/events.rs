@@ -37,8 +37,9 @@ pub enum EventKind {
     /// The mass-expiry guard engaged: due keys are held. Not about one key: the event's `meta`
     /// carries its details (state, cause, baseline...), which are its `data`.
     GuardEngaged,
-    /// The guard's hold ended: held keys are being released (expired at a bounded rate), or
-    /// none are left to release. Details in `meta`, as for `GuardEngaged`.
+    /// The guard's hold ended: held keys are being released (expired at a bounded rate after
+    /// the maximum hold, at once by an operator), or none are left to release. Details in
+    /// `meta`, as for `GuardEngaged`.
     GuardReleased,
 }
 

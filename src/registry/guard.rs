@@ -12,12 +12,17 @@
 //! threshold whose held keys were all renewed (the partition healed) ends at once with nothing
 //! to release, at the earliest one window after it began.
 //!
+//! Two paces of release: the maximum hold running out releases at a bounded rate (receivers are
+//! not flooded by what may still be a partition); an operator's release lets every held key go
+//! at once (the operator decided they are dead), and hurries a bounded release under way. "At
+//! once" bounds the pace, not the work per lock: the registry still releases in chunks.
+//!
 //! It cannot get stuck (Eureka's self-preservation can: its baseline drifts as renewals stop):
 //! - the baseline (alive keys) is frozen when the guard trips, and nothing is recomputed from it;
 //! - an engagement ends at `since + max_hold` whatever happens, and cannot be extended (an
 //!   operator's engage while engaged changes nothing, and is refused while releasing);
 //! - releasing ends when the held keys are gone, at a rate that empties the hold within
-//!   `release_over`, and does not re-trip meanwhile.
+//!   `release_over` (or at once, by an operator), and does not re-trip meanwhile.
 //!
 //! So a key is held at most `max_hold`, and expired at most `max_hold + release_over` (plus a
 //! tick) after its deadline.
@@ -105,8 +110,8 @@ pub enum Phase {
     Releasing {
         by: ReleasedBy,
         since_ms: u64,
-        /// Held keys released per second.
-        per_s: u64,
+        /// Held keys released per second; `None`: every one at once (an operator's release).
+        per_s: Option<u64>,
         released: u64,
     },
 }
@@ -225,7 +230,7 @@ impl Guard {
 
     /// Lets time pass with `held` keys held: ends an engagement whose maximum hold ran out (or
     /// that healed), ends releasing once nothing is held. Returns the transition, if any, and
-    /// how many held keys may be released now.
+    /// how many held keys may be released now (all of them when releasing at once).
     pub fn tick(&mut self, now_ms: u64, held: u64) -> (Option<Transition>, u64) {
         let transition = match self.phase {
             Phase::Engaged { by, since_ms, .. } => {
@@ -253,11 +258,13 @@ impl Guard {
                     self.phase = Phase::Armed;
                     self.window.clear();
                     0
-                } else {
+                } else if let Some(per_s) = per_s {
                     // One second's share at once, then at the rate.
                     let elapsed_ms = now_ms.saturating_sub(*since_ms);
                     let allowed = per_s.saturating_mul(elapsed_ms + 1000) / 1000;
                     allowed.saturating_sub(*released)
+                } else {
+                    held
                 }
             }
             _ => 0,
@@ -282,11 +289,24 @@ impl Guard {
         }
     }
 
-    /// An operator ends the engagement (`POST /v1/guard/release`): the held keys are released
-    /// at the bounded rate. Nothing happens when the guard is not engaged.
+    /// An operator ends the engagement (`POST /v1/guard/release`): every held key may be
+    /// released at once (`tick`'s quota is all of them). A release at the bounded rate under way
+    /// is hurried the same way (no new transition: its release was announced). Nothing happens
+    /// when the guard is armed.
     pub fn release(&mut self, now_ms: u64, held: u64) -> Option<Transition> {
-        matches!(self.phase, Phase::Engaged { .. })
-            .then(|| self.release_at(now_ms, ReleasedBy::Operator, held))
+        match &mut self.phase {
+            Phase::Engaged { .. } => Some(self.release_at(now_ms, ReleasedBy::Operator, held)),
+            Phase::Releasing { per_s, .. } => {
+                *per_s = None;
+                None
+            }
+            Phase::Armed => None,
+        }
+    }
+
+    /// Whether the held keys may all be released now (an operator's release is under way).
+    pub fn releasing_at_once(&self) -> bool {
+        matches!(self.phase, Phase::Releasing { per_s: None, .. })
     }
 
     fn engage_at(&mut self, now_ms: u64, by: EngagedBy, alive: u64, expiring: u64) -> Transition {
@@ -304,13 +324,17 @@ impl Guard {
         }
     }
 
+    /// Ends the engagement: at the bounded rate when the maximum hold ran out (a healed one has
+    /// nothing to release), at once when an operator says so.
     fn release_at(&mut self, now_ms: u64, by: ReleasedBy, held: u64) -> Transition {
         self.releases += 1;
         let over_s = self.config.release_over_ms.div_ceil(1000).max(1);
+        let per_s =
+            (by != ReleasedBy::Operator).then(|| held.div_ceil(over_s).max(MIN_RELEASE_PER_S));
         self.phase = Phase::Releasing {
             by,
             since_ms: now_ms,
-            per_s: held.div_ceil(over_s).max(MIN_RELEASE_PER_S),
+            per_s,
             released: 0,
         };
         Transition::Released { by, held }
@@ -431,6 +455,63 @@ mod tests {
         assert!(guard.release(61_000, 10).is_some());
         assert_eq!(guard.engage(61_500, 50), Err(GuardError::Releasing));
         assert_eq!(guard.release(61_500, 10), None);
+        // Released at once: the whole hold is the first quota, then it is armed again.
+        assert_eq!(guard.tick(61_500, 10), (None, 10));
+        guard.released(10);
+        assert_eq!(guard.tick(61_500, 0), (None, 0));
+        assert_eq!(guard.phase(), Phase::Armed);
+        assert!(guard.engage(62_000, 50).is_ok());
+    }
+
+    #[test]
+    fn an_operators_release_lets_every_held_key_go_at_once() {
+        let mut guard = guard();
+        guard.consider(0, 5_000, 10_000).expect("trips");
+        assert_eq!(
+            guard.release(1_000, 5_000),
+            Some(Transition::Released {
+                by: ReleasedBy::Operator,
+                held: 5_000
+            })
+        );
+        assert!(guard.releasing_at_once());
+        // Not 500 a second as after the maximum hold: all 5,000 now, without time passing.
+        assert_eq!(guard.tick(1_000, 5_000), (None, 5_000));
+        guard.released(2_000);
+        assert_eq!(guard.tick(1_000, 3_000), (None, 3_000));
+        guard.released(3_000);
+        assert_eq!(guard.tick(1_000, 0), (None, 0));
+        assert_eq!(guard.phase(), Phase::Armed);
+        assert_eq!(guard.counts(), (1, 1));
+    }
+
+    #[test]
+    fn an_operators_release_hurries_a_release_at_the_bounded_rate() {
+        let mut guard = guard();
+        guard.consider(0, 5_000, 10_000).expect("trips");
+        let (transition, quota) = guard.tick(120_000, 5_000);
+        assert!(matches!(
+            transition,
+            Some(Transition::Released {
+                by: ReleasedBy::MaxHold,
+                ..
+            })
+        ));
+        assert_eq!(quota, 500);
+        assert!(!guard.releasing_at_once());
+        guard.released(500);
+        // No second announcement: the release was announced when the hold ran out.
+        assert_eq!(guard.release(120_100, 4_500), None);
+        assert_eq!(guard.tick(120_100, 4_500), (None, 4_500));
+        assert!(matches!(
+            guard.phase(),
+            Phase::Releasing {
+                by: ReleasedBy::MaxHold,
+                per_s: None,
+                ..
+            }
+        ));
+        assert_eq!(guard.counts(), (1, 1));
     }
 
     #[test]
@@ -484,6 +565,82 @@ mod tests {
                     waited <= guard.config().max_hold_ms + guard.config().release_over_ms + 2_000,
                     "stuck in {:?}", guard.phase()
                 );
+            }
+        }
+
+        /// Against a model of the two paces: once an operator released (while engaged or
+        /// releasing), every held key may go at the next tick, however little time passed; a
+        /// release by the maximum hold never lets more go than its rate allows (`held` at the
+        /// release spread over `release_over`, at least `MIN_RELEASE_PER_S`, one second's share
+        /// at once).
+        #[test]
+        fn an_operators_release_is_at_once_and_the_automatic_one_stays_bounded(
+            steps in proptest::collection::vec((0u64..3_000, 0u64..3_000, 0u8..6), 1..200)
+        ) {
+            /// What the model expects of the release under way.
+            #[derive(Clone, Copy, Debug)]
+            enum Pace {
+                None,
+                AtOnce,
+                Bounded { since_ms: u64, per_s: u64, released: u64 },
+            }
+            let mut guard = guard();
+            let config = guard.config().clone();
+            let over_s = config.release_over_ms.div_ceil(1000).max(1);
+            let mut pace = Pace::None;
+            let mut now = 0;
+            let mut held: u64 = 0;
+            for (gap, n, action) in steps {
+                now += gap;
+                let was_engaged = guard.holding();
+                let (transition, quota) = guard.tick(now, held);
+                if let Some(Transition::Released { by: ReleasedBy::MaxHold, held: at_release }) =
+                    transition
+                {
+                    proptest::prop_assert!(was_engaged);
+                    let per_s = at_release.div_ceil(over_s).max(MIN_RELEASE_PER_S);
+                    pace = Pace::Bounded { since_ms: now, per_s, released: 0 };
+                }
+                if guard.phase() == Phase::Armed {
+                    pace = Pace::None;
+                }
+                match &mut pace {
+                    Pace::None => proptest::prop_assert_eq!(quota, 0),
+                    Pace::AtOnce => proptest::prop_assert_eq!(quota, held),
+                    Pace::Bounded { since_ms, per_s, released } => {
+                        let allowed = *per_s * (now - *since_ms + 1000) / 1000;
+                        proptest::prop_assert!(
+                            *released + quota <= allowed,
+                            "{} + {quota} released, {allowed} allowed", *released
+                        );
+                        *released += quota.min(held);
+                    }
+                }
+                let release = quota.min(held);
+                held -= release;
+                guard.released(release);
+                match action {
+                    0 => { let _ = guard.engage(now, 1_000); }
+                    1 => {
+                        let engaged = guard.holding();
+                        let releasing = matches!(guard.phase(), Phase::Releasing { .. });
+                        let transition = guard.release(now, held);
+                        proptest::prop_assert_eq!(transition.is_some(), engaged);
+                        if engaged || releasing {
+                            // The registry lets them all go within the call.
+                            pace = Pace::AtOnce;
+                            let (_, quota) = guard.tick(now, held);
+                            proptest::prop_assert_eq!(quota, held);
+                            guard.released(held);
+                            held = 0;
+                        }
+                    }
+                    2 => { guard.expired(now, n); }
+                    _ => {
+                        guard.consider(now, n, 10_000);
+                        if guard.holding() { held += n; } else { guard.expired(now, n); }
+                    }
+                }
             }
         }
     }

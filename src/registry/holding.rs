@@ -4,7 +4,9 @@
 //! the bus, so the live stream, the metrics and, if asked, webhooks see it).
 //!
 //! Held keys stay in their shard (`Timer::Held`): listed with `held: true`, renewed by a
-//! heartbeat as usual (no event: they never expired), expired by a release.
+//! heartbeat as usual (no event: they never expired), expired by a release: the sweeper's, at
+//! the guard's bounded rate after the maximum hold, or the operator's, every one within the
+//! call. Either way at most `SWEEP_CHUNK` keys per shard lock, so no heartbeat waits long.
 
 use std::sync::atomic::Ordering;
 
@@ -38,7 +40,8 @@ pub struct GuardStatus {
     pub baseline: Option<u64>,
     /// Keys expired in the window plus due when it tripped.
     pub expiring: Option<u64>,
-    /// Held keys released per second while releasing.
+    /// Held keys released per second while releasing at the bounded rate (absent while an
+    /// operator's release lets them all go at once).
     pub release_per_s: Option<u64>,
     pub engagements: u64,
     pub releases: u64,
@@ -104,7 +107,7 @@ impl Registry {
                 status.state = "releasing";
                 status.released_by = Some(by);
                 status.since = Some(rfc3339(self.clock.unix_ms(since_ms)));
-                status.release_per_s = Some(per_s);
+                status.release_per_s = per_s;
             }
         }
         status
@@ -120,13 +123,26 @@ impl Registry {
         Ok(self.guard_status(now))
     }
 
-    /// An operator ends the engagement: held keys are released (expired) at the bounded rate,
-    /// starting at the next sweep. Nothing happens when the guard is not engaged.
+    /// An operator ends the engagement (or hurries a release at the bounded rate): every held
+    /// key is released (expired) before this returns, `SWEEP_CHUNK` per shard lock but with no
+    /// rate limit; the held count it answers is 0. The guard is armed again by the sweeper's
+    /// next step, which the call wakes, not here: a sweep chunk running beside this call may
+    /// have read the holding flag before the release and hold a key after the drain; the
+    /// sweeper's next step releases it (at once too) before it arms the guard.
+    /// Nothing happens when the guard is armed. O(held keys): call it off the async workers.
     pub fn guard_release(&self, now: Instant) -> GuardStatus {
         let at = self.clock.at(now);
         let held = self.held_count();
-        let transition = self.guard.lock().release(at.ms, held);
+        let mut guard = self.guard.lock();
+        let transition = guard.release(at.ms, held);
+        let at_once = guard.releasing_at_once();
+        drop(guard);
         self.after_transition(transition, at);
+        if at_once {
+            let released = self.release_held(at, usize::MAX);
+            self.guard.lock().released(released as u64);
+            self.wakeup.notify_one();
+        }
         self.guard_status(now)
     }
 
@@ -160,6 +176,19 @@ impl Registry {
         if quota == 0 {
             return 0;
         }
+        let released = self.release_held(now, quota);
+        let mut guard = self.guard.lock();
+        guard.released(released as u64);
+        if released as u64 == held {
+            // Nothing is left: armed again now, not at the next tick.
+            guard.tick(now.ms, 0);
+        }
+        released
+    }
+
+    /// Releases (expires) up to `quota` held keys, shard by shard, at most `SWEEP_CHUNK` per
+    /// lock. Returns how many; the caller tells the guard.
+    fn release_held(&self, now: Now, quota: usize) -> usize {
         let ctx = self.ctx();
         let mut released = 0;
         for shard in self.shards.iter() {
@@ -167,17 +196,12 @@ impl Registry {
                 let mut shard = shard.0.lock();
                 let n = shard.release_held((quota - released).min(SWEEP_CHUNK), &ctx, now);
                 shard.flush_events(&ctx);
+                drop(shard);
                 released += n;
                 if n == 0 {
                     break;
                 }
             }
-        }
-        let mut guard = self.guard.lock();
-        guard.released(released as u64);
-        if released as u64 == held {
-            // Nothing is left: armed again now, not at the next tick.
-            guard.tick(now.ms, 0);
         }
         released
     }
@@ -238,10 +262,15 @@ impl Registry {
                 (EventKind::GuardEngaged, details)
             }
             Transition::Released { by, held } => {
+                let pace = if by == ReleasedBy::Operator {
+                    "held keys expire at once"
+                } else {
+                    "held keys now expire at a bounded rate"
+                };
                 tracing::warn!(
                     released_by = ?by,
                     held,
-                    "the expiry guard released its hold: held keys now expire at a bounded rate"
+                    "the expiry guard released its hold: {pace}"
                 );
                 let details = json!({ "state": "released", "released_by": by, "held": held });
                 (EventKind::GuardReleased, details)

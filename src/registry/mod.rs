@@ -375,6 +375,13 @@ impl Registry {
         })?;
         if let ExpireOutcome::Applied { .. } = outcome {
             self.wake_for_heap_deadline(target_ms as u64);
+            if absolute {
+                // What is left, rounded down (`ttl_ms`, from `now` rounded down, picks the
+                // timer): never more than the instant asked for minus the wall clock.
+                return Ok(ExpireOutcome::Applied {
+                    ttl_ms: now.ms_left(target_ms as u64),
+                });
+            }
         }
         Ok(outcome)
     }
@@ -538,7 +545,6 @@ impl Registry {
     }
 
     fn display(&self, view: EntryView, now: Now) -> KeyView {
-        let now_ms = now.ms;
         KeyView {
             key: view.key,
             service: self.services.name(view.service),
@@ -547,7 +553,7 @@ impl Registry {
             expires_in_ms: view
                 .deadline_ms
                 .zip(view.ttl_ms)
-                .map(|(deadline_ms, ttl_ms)| deadline_ms.saturating_sub(now_ms).min(ttl_ms)),
+                .map(|(deadline_ms, ttl_ms)| now.ms_left(deadline_ms).min(ttl_ms)),
             expires_at_ms: view
                 .deadline_ms
                 .map(|deadline_ms| self.clock.unix_ms(deadline_ms)),

@@ -180,11 +180,12 @@ impl Entry {
         (self.deadline_ms != NO_DEADLINE).then_some(self.deadline_ms)
     }
 
-    /// Milliseconds left at `now_ms`, never more than the TTL (a deadline counts from `now`
-    /// rounded up, which would otherwise show one millisecond too many).
-    fn remaining(&self, now_ms: u64) -> Option<u64> {
+    /// Whole milliseconds left at `now`, rounded down (`Now::ms_left`): never more than what
+    /// really is left, so never more than the TTL, nor than an absolute deadline's instant
+    /// minus the wall clock.
+    fn remaining(&self, now: Now) -> Option<u64> {
         self.deadline()
-            .map(|deadline_ms| deadline_ms.saturating_sub(now_ms).min(self.ttl_ms))
+            .map(|deadline_ms| now.ms_left(deadline_ms).min(self.ttl_ms))
     }
 }
 
@@ -379,7 +380,7 @@ impl Shard {
         let now_ms = now.ms;
         match self.find_alive(key, ctx, now_ms) {
             None => KeyState::Missing,
-            Some(slot) => match self.slots.entry(slot).remaining(now_ms) {
+            Some(slot) => match self.slots.entry(slot).remaining(now) {
                 None => KeyState::Persistent,
                 Some(remaining_ms) => KeyState::ExpiresIn(remaining_ms),
             },
@@ -448,7 +449,7 @@ impl Shard {
         let current = self.slots.entry(slot).deadline();
         if !condition.is_none_or(|condition| condition.allows(current, target_ms)) {
             return Ok(ExpireOutcome::NotApplied {
-                ttl_ms: self.slots.entry(slot).remaining(now_ms),
+                ttl_ms: self.slots.entry(slot).remaining(now),
             });
         }
         if ctx.refuses_durable_writes() {

@@ -1,6 +1,7 @@
 //! The mass-expiry guard: a partition that heals within the hold ends with 0 false expirations;
 //! a real mass death still ends in expiry, late by at most the maximum hold plus the release
-//! window; the hold never outlives its bound; an operator engages and releases it.
+//! window; the hold never outlives its bound; an operator engages and releases it, and an
+//! operator's release expires every held key at once, not at the bounded rate.
 //!
 //! What must not be lost: the liveness of keys whose heartbeats come back within the hold; the
 //! expiry (exactly one event each) of keys whose clients are gone for good.
@@ -14,6 +15,7 @@ use serde_json::{json, Value};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use ttlwheel::events::{EventKind, EventReceiver};
+use ttlwheel::registry::guard::ReleasedBy;
 use ttlwheel::registry::{GuardConfig, Heartbeat, ListFilter, Registry, RegistryConfig};
 use ttlwheel::ticker;
 use ttlwheel::types::Ttl;
@@ -228,6 +230,161 @@ async fn a_small_share_expires_as_usual_and_an_operator_engages_and_releases() {
     assert!(expired.values().all(|kinds| kinds == &[EventKind::Expired]));
     assert_eq!(guard, [EventKind::GuardReleased]);
     running.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_operators_release_expires_every_held_key_at_once() {
+    let mut running = Running::start();
+    let fleet = names("fleet", 1_000);
+    let survivors = names("survivor", 100);
+    heartbeat_for(&running, &[fleet.clone(), survivors.clone()].concat(), 2).await;
+    running.registry.guard_engage(Instant::now()).unwrap();
+    // The fleet stops; its keys come due and are held while the survivors heartbeat.
+    heartbeat_for(&running, &survivors, TTL_MS / 1000 + 2).await;
+    assert_eq!(running.registry.held_count(), 1_000);
+    let (expired, guard) = running.drain();
+    assert_eq!(expired, BTreeMap::new());
+    assert_eq!(guard, [EventKind::GuardEngaged]);
+    let released_at = Instant::now();
+    let status = running.registry.guard_release(released_at);
+    assert_eq!(
+        (status.held, status.released_by, status.release_per_s),
+        (0, Some(ReleasedBy::Operator), None),
+        "{status:?}"
+    );
+    // All 1,000 expired within the call, without the clock moving: at the bounded rate (1,000
+    // over 10 s, 100 a second) only the first second's 100 could have gone by now.
+    assert_eq!(Instant::now(), released_at);
+    let (expired, guard) = running.drain();
+    let mut dead = fleet.clone();
+    dead.sort();
+    assert_eq!(expired.keys().cloned().collect::<Vec<_>>(), dead);
+    assert!(expired.values().all(|kinds| kinds == &[EventKind::Expired]));
+    assert_eq!(guard, [EventKind::GuardReleased]);
+    let held = running.registry.list_alive(
+        &ListFilter {
+            held_only: true,
+            ..ListFilter::default()
+        },
+        1_000,
+        Instant::now(),
+    );
+    assert_eq!(held.0.len(), 0);
+    // The sweeper, woken by the release, arms the guard again, still without the clock moving.
+    for _ in 0..100 {
+        if running.registry.guard_status(Instant::now()).state == "armed" {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(running.registry.guard_status(Instant::now()).state, "armed");
+    assert_eq!(Instant::now(), released_at);
+    // The survivors were never held, and nothing else expired.
+    heartbeat_for(&running, &survivors, 3).await;
+    let (expired, guard) = running.drain();
+    assert_eq!((expired, guard), (BTreeMap::new(), vec![]));
+    running.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_operators_release_hurries_the_release_after_the_maximum_hold() {
+    let mut running = Running::start();
+    let fleet = names("fleet", 5_000);
+    heartbeat_for(&running, &fleet, 2).await;
+    running.registry.guard_engage(Instant::now()).unwrap();
+    // Nobody heartbeats: the hold runs out, and the release begins at 500 keys a second.
+    tokio::time::sleep(Duration::from_millis(MAX_HOLD_MS + 500)).await;
+    let status = running.registry.guard_status(Instant::now());
+    assert_eq!(
+        (status.state, status.release_per_s),
+        ("releasing", Some(500)),
+        "{status:?}"
+    );
+    assert!(status.held > 0 && status.held < 5_000, "{status:?}");
+    let status = running.registry.guard_release(Instant::now());
+    assert_eq!(status.held, 0, "{status:?}");
+    assert_eq!(status.released_by, Some(ReleasedBy::MaxHold));
+    let (expired, guard) = running.drain();
+    assert_eq!(expired.len(), 5_000);
+    assert!(expired.values().all(|kinds| kinds == &[EventKind::Expired]));
+    assert_eq!(guard, [EventKind::GuardEngaged, EventKind::GuardReleased]);
+    running.stop().await;
+}
+
+/// The binary: an operator's release of 1,000 held keys expires them all before its answer
+/// (the bounded rate, 1,000 over the default 10 s, would have let about 100 go by then).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn against_the_binary_an_operators_release_expires_the_whole_hold_at_once() {
+    let dir = temp_data_dir("guard-release");
+    let server = Server::start(&dir, &[]);
+    server.ready().await;
+    // Engaged first, so that however slow the machine, every key is held when it comes due.
+    let (code, _) = server
+        .call(reqwest::Method::POST, "/v1/guard/engage", None)
+        .await;
+    assert_eq!(code, StatusCode::OK);
+    let heartbeats: Vec<Value> = names("fleet", 1_000)
+        .iter()
+        .map(|key| json!({"key": key, "ttl_ms": 1_000}))
+        .collect();
+    let (code, _) = server
+        .call(
+            reqwest::Method::POST,
+            "/v1/heartbeats/batch?results=errors",
+            Some(json!({ "heartbeats": heartbeats })),
+        )
+        .await;
+    assert_eq!(code, StatusCode::OK);
+    // Every key comes due after its TTL and is held.
+    let mut status = Value::Null;
+    for _ in 0..100 {
+        (_, status) = server.call(reqwest::Method::GET, "/v1/guard", None).await;
+        if status["held"] == 1_000 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(status["held"], 1_000, "{status}");
+    let (code, released) = server
+        .call(reqwest::Method::POST, "/v1/guard/release", None)
+        .await;
+    assert_eq!(code, StatusCode::OK);
+    assert_eq!(
+        (
+            &released["held"],
+            &released["released_by"],
+            &released["release_per_s"]
+        ),
+        (&json!(0), &json!("operator"), &Value::Null),
+        "{released}"
+    );
+    let (_, held) = server
+        .call(reqwest::Method::GET, "/v1/keys?state=held&limit=1000", None)
+        .await;
+    assert_eq!(held["keys"].as_array().map(Vec::len), Some(0), "{held}");
+    let (_, expired) = server
+        .call(
+            reqwest::Method::GET,
+            "/v1/keys?state=expired&limit=1000",
+            None,
+        )
+        .await;
+    assert_eq!(
+        expired["keys"].as_array().map(Vec::len),
+        Some(1_000),
+        "every held key expired before the answer"
+    );
+    // Armed again at the sweeper's next step.
+    for _ in 0..50 {
+        (_, status) = server.call(reqwest::Method::GET, "/v1/guard", None).await;
+        if status["state"] == "armed" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(status["state"], "armed", "{status}");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The binary, as an operator runs it: a partition (heartbeats stop for 8 s, TTL 3 s) with

@@ -1,5 +1,6 @@
 //! One integration-test binary (one link step for every suite).
 
+mod absolute;
 mod api;
 mod auth;
 mod binary;

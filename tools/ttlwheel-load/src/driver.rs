@@ -52,14 +52,14 @@ pub enum Protocol {
 /// An open connection of either protocol.
 enum Link {
     Http(Conn),
-    Resp(crate::peers::RespConn),
+    Resp(crate::resp::RespConn),
 }
 
 impl Link {
     async fn connect(address: &str, protocol: Protocol) -> Option<Self> {
         match protocol {
             Protocol::Http => Conn::connect(address).await.ok().map(Self::Http),
-            Protocol::Resp => crate::peers::RespConn::connect(address)
+            Protocol::Resp => crate::resp::RespConn::connect(address)
                 .await
                 .ok()
                 .map(Self::Resp),

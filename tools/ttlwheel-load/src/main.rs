@@ -17,6 +17,7 @@
 mod driver;
 mod peers;
 mod receiver;
+mod resp;
 mod soak;
 mod stats;
 mod storm;

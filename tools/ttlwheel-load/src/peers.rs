@@ -4,7 +4,7 @@
 //!
 //! - Redis: `SET k v PX ttl`, arrivals from keyspace notifications
 //!   (`notify-keyspace-events Ex`, `SUBSCRIBE __keyevent@0__:expired`). Spoken over RESP with
-//!   the small codec below.
+//!   the small codec of `resp`.
 //! - etcd 3.4 through its HTTP gateway: one lease per key (`/v3/lease/grant`), the key put on it
 //!   (`/v3/kv/put`), arrivals from a watch (`/v3/watch`) as `DELETE` events.
 //!
@@ -14,10 +14,9 @@
 use std::time::Duration;
 
 use base64::Engine;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use crate::resp::{self, Resp, RespConn};
 use crate::stats::{Durations, Summary};
 use crate::workload::Ttl;
 
@@ -110,139 +109,6 @@ fn send_offset(i: u64, keys: u64, spread: Duration) -> Duration {
 
 // ---- Redis ----
 
-/// A RESP command: an array of bulk strings.
-fn resp_command(out: &mut Vec<u8>, parts: &[&[u8]]) {
-    out.extend_from_slice(format!("*{}\r\n", parts.len()).as_bytes());
-    for part in parts {
-        out.extend_from_slice(format!("${}\r\n", part.len()).as_bytes());
-        out.extend_from_slice(part);
-        out.extend_from_slice(b"\r\n");
-    }
-}
-
-/// A RESP value, as far as this tool reads them.
-#[derive(Debug, PartialEq)]
-enum Resp {
-    Simple(String),
-    Error(String),
-    Integer(i64),
-    Bulk(Option<Vec<u8>>),
-    Array(Vec<Resp>),
-}
-
-/// Parses one value from the front of `bytes`: `Some((value, length))` when complete.
-fn resp_parse(bytes: &[u8]) -> Result<Option<(Resp, usize)>, String> {
-    let Some(line_end) = bytes.windows(2).position(|w| w == b"\r\n") else {
-        return Ok(None);
-    };
-    let line = std::str::from_utf8(&bytes[1..line_end]).map_err(|e| e.to_string())?;
-    let after = line_end + 2;
-    let number = || {
-        line.parse::<i64>()
-            .map_err(|e| format!("bad RESP length {line:?}: {e}"))
-    };
-    match bytes.first() {
-        Some(b'+') => Ok(Some((Resp::Simple(line.into()), after))),
-        Some(b'-') => Ok(Some((Resp::Error(line.into()), after))),
-        Some(b':') => Ok(Some((Resp::Integer(number()?), after))),
-        Some(b'$') => {
-            let length = number()?;
-            if length < 0 {
-                return Ok(Some((Resp::Bulk(None), after)));
-            }
-            let end = after + length as usize;
-            if bytes.len() < end + 2 {
-                return Ok(None);
-            }
-            Ok(Some((
-                Resp::Bulk(Some(bytes[after..end].to_vec())),
-                end + 2,
-            )))
-        }
-        Some(b'*') => {
-            let mut items = Vec::new();
-            let mut at = after;
-            for _ in 0..number()?.max(0) {
-                let Some((item, used)) = resp_parse(&bytes[at..])? else {
-                    return Ok(None);
-                };
-                items.push(item);
-                at += used;
-            }
-            Ok(Some((Resp::Array(items), at)))
-        }
-        _ => Err(format!(
-            "not RESP: {:?}",
-            String::from_utf8_lossy(&bytes[..after])
-        )),
-    }
-}
-
-/// A RESP connection.
-pub struct RespConn {
-    stream: TcpStream,
-    buffer: Vec<u8>,
-}
-
-impl RespConn {
-    pub async fn connect(address: &str) -> Result<Self, String> {
-        let stream = TcpStream::connect(address)
-            .await
-            .map_err(|error| format!("cannot connect to Redis at {address}: {error}"))?;
-        stream.set_nodelay(true).map_err(|e| e.to_string())?;
-        Ok(Self {
-            stream,
-            buffer: Vec::new(),
-        })
-    }
-
-    async fn send(&mut self, bytes: &[u8]) -> Result<(), String> {
-        self.stream
-            .write_all(bytes)
-            .await
-            .map_err(|e| e.to_string())
-    }
-
-    async fn read(&mut self) -> Result<Resp, String> {
-        loop {
-            if let Some((value, used)) = resp_parse(&self.buffer)? {
-                self.buffer.drain(..used);
-                return Ok(value);
-            }
-            let mut chunk = [0u8; 16 * 1024];
-            let read = self
-                .stream
-                .read(&mut chunk)
-                .await
-                .map_err(|e| e.to_string())?;
-            if read == 0 {
-                return Err("Redis closed the connection".into());
-            }
-            self.buffer.extend_from_slice(&chunk[..read]);
-        }
-    }
-
-    /// Sends one command and reads its reply: 200 for a success, 500 for an error reply.
-    pub async fn exchange(&mut self, command: &[u8]) -> Result<u16, String> {
-        self.send(command).await?;
-        Ok(match self.read().await? {
-            Resp::Error(_) => 500,
-            _ => 200,
-        })
-    }
-
-    /// Sends commands and reads one reply each; any error reply fails.
-    async fn pipeline(&mut self, commands: &[u8], replies: usize) -> Result<(), String> {
-        self.send(commands).await?;
-        for _ in 0..replies {
-            if let Resp::Error(error) = self.read().await? {
-                return Err(format!("Redis: {error}"));
-            }
-        }
-        Ok(())
-    }
-}
-
 /// `SET <prefix><n> 1 EX <ttl>` on keys picked by `order`: Redis's heartbeat, for the same
 /// open-loop driver as ttlwheel's (`redis-set --rate`).
 pub struct RedisSets {
@@ -256,7 +122,7 @@ impl crate::driver::Workload for RedisSets {
     fn request(&self, rng: &mut fastrand::Rng, out: &mut Vec<u8>) -> u64 {
         let key = format!("{}{}", self.prefix, self.order.next(rng, self.keys));
         let ttl = self.ttl_s.to_string();
-        resp_command(out, &[b"SET", key.as_bytes(), b"1", b"EX", ttl.as_bytes()]);
+        resp::command(out, &[b"SET", key.as_bytes(), b"1", b"EX", ttl.as_bytes()]);
         1
     }
 
@@ -272,14 +138,14 @@ impl crate::driver::Workload for RedisSets {
 pub async fn redis_expiry(address: &str, args: &ExpiryArgs) -> Result<ExpiryOutcome, String> {
     let mut commands = RespConn::connect(address).await?;
     let mut out = Vec::new();
-    resp_command(
+    resp::command(
         &mut out,
         &[b"CONFIG", b"SET", b"notify-keyspace-events", b"Ex"],
     );
     commands.pipeline(&out, 1).await?;
     let mut subscriber = RespConn::connect(address).await?;
     out.clear();
-    resp_command(&mut out, &[b"SUBSCRIBE", b"__keyevent@0__:expired"]);
+    resp::command(&mut out, &[b"SUBSCRIBE", b"__keyevent@0__:expired"]);
     subscriber.pipeline(&out, 1).await?;
 
     let live_ttl = LIVE_TTL_S.to_string();
@@ -288,7 +154,7 @@ pub async fn redis_expiry(address: &str, args: &ExpiryArgs) -> Result<ExpiryOutc
         let chunk_end = args.live_keys.min(chunk_start + 1000);
         for i in chunk_start..chunk_end {
             let key = format!("live-{i}");
-            resp_command(
+            resp::command(
                 &mut out,
                 &[b"SET", key.as_bytes(), b"v", b"EX", live_ttl.as_bytes()],
             );
@@ -323,7 +189,7 @@ pub async fn redis_expiry(address: &str, args: &ExpiryArgs) -> Result<ExpiryOutc
         let first = next;
         while next < args.keys && send_offset(next, args.keys, args.spread) <= elapsed {
             let key = format!("{EXPIRING}{next}");
-            resp_command(
+            resp::command(
                 &mut out,
                 &[b"SET", key.as_bytes(), b"v", b"PX", ttl_ms.as_bytes()],
             );
@@ -517,38 +383,6 @@ async fn read_watch(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn resp_round_trip_and_partial_input() {
-        let mut out = Vec::new();
-        resp_command(&mut out, &[b"SET", b"k", b"v"]);
-        assert_eq!(out, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n");
-        let (value, used) = resp_parse(&out).unwrap().unwrap();
-        assert_eq!(used, out.len());
-        assert_eq!(
-            value,
-            Resp::Array(vec![
-                Resp::Bulk(Some(b"SET".to_vec())),
-                Resp::Bulk(Some(b"k".to_vec())),
-                Resp::Bulk(Some(b"v".to_vec()))
-            ])
-        );
-        assert_eq!(resp_parse(&out[..out.len() - 1]).unwrap(), None);
-        assert_eq!(
-            resp_parse(b"+OK\r\n:5\r\n").unwrap(),
-            Some((Resp::Simple("OK".into()), 5))
-        );
-        assert_eq!(
-            resp_parse(b":-2\r\n").unwrap(),
-            Some((Resp::Integer(-2), 5))
-        );
-        assert_eq!(resp_parse(b"$-1\r\n").unwrap(), Some((Resp::Bulk(None), 5)));
-        assert!(matches!(
-            resp_parse(b"-ERR x\r\n").unwrap(),
-            Some((Resp::Error(_), 8))
-        ));
-        assert!(resp_parse(b"?\r\n").is_err());
-    }
 
     #[test]
     fn the_tally_counts_first_arrivals_of_sent_keys_only() {

@@ -16,10 +16,14 @@
 //!
 //! A frame is at most [`MAX_FRAME_LEN`] bytes, so the frame after a damaged one starts within
 //! that distance: the search for it is bounded.
+//!
+//! The framing is not tied to [`Record`]: [`frame_with`] and [`scan_frames`] carry any payload
+//! under a [`Format`] (magic, largest frame), which the cluster's Raft log uses for its entries
+//! (`cluster::log_store`).
 
 use std::path::{Path, PathBuf};
 
-use super::record::{DecodeError, Record};
+use super::record::Record;
 
 /// Bytes before the first frame: the file's kind and format version.
 pub const MAGIC_LEN: usize = 8;
@@ -37,12 +41,19 @@ pub const MAX_FRAME_LEN: usize = 64 * 1024;
 
 /// Appends one framed record to `out`.
 pub fn frame(record: &Record, out: &mut Vec<u8>) {
+    frame_with(out, |out| record.encode(out));
+}
+
+/// Appends one frame whose payload `encode` writes (after the version byte) to `out`. Other
+/// files in this framing (the cluster's Raft log, `cluster::log_store`) carry payloads of their
+/// own; the caller keeps them under its own size limit (a payload must stay below 4 GiB).
+pub fn frame_with(out: &mut Vec<u8>, encode: impl FnOnce(&mut Vec<u8>)) {
     let start = out.len();
     out.extend_from_slice(&[0; HEADER_LEN]);
     out.push(RECORD_VERSION);
-    record.encode(out);
+    encode(out);
     let body = &out[start + HEADER_LEN..];
-    let len = u32::try_from(body.len()).expect("a record is far smaller than 4 GiB");
+    let len = u32::try_from(body.len()).expect("a frame's payload is kept far below 4 GiB");
     let crc = crc32fast::hash(body);
     out[start..start + 4].copy_from_slice(&len.to_le_bytes());
     out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
@@ -105,7 +116,8 @@ pub enum Problem {
 }
 
 impl Problem {
-    fn at(self, path: &Path) -> ReadError {
+    /// The error naming the file it happened in.
+    pub fn at(self, path: &Path) -> ReadError {
         match self {
             Self::NotOurs(kind, magic) => ReadError::NotOurs {
                 path: path.to_owned(),
@@ -197,6 +209,46 @@ fn scan(
     } else {
         "snapshot"
     };
+    let format = Format {
+        magic,
+        kind,
+        max_frame_len: MAX_FRAME_LEN,
+    };
+    let decode = |payload: &[u8]| Record::decode(payload).map_err(|error| error.to_string());
+    scan_frames(bytes, &format, &decode, |record, _| on_record(record))
+}
+
+/// A kind of file in this framing: what [`scan_frames`] needs besides the payload decoder.
+#[derive(Clone, Copy, Debug)]
+pub struct Format<'a> {
+    /// The file's first bytes.
+    pub magic: &'a [u8; MAGIC_LEN],
+    /// What errors call the file ("log segment").
+    pub kind: &'static str,
+    /// A longer frame is damage, not a payload; also bounds the search for a valid frame after
+    /// a damaged one.
+    pub max_frame_len: usize,
+}
+
+/// Where a frame sits in its file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameAt {
+    /// Byte offset of the frame's header.
+    pub offset: u64,
+    /// The whole frame's length, header included.
+    pub len: u64,
+}
+
+/// [`scan`] for any payload: reads the frames of `bytes` (a whole file of `format`), decoding
+/// each payload with `decode` and handing it to `on_frame` with where it sits; a torn tail or
+/// corruption is told apart as the module documentation says.
+pub fn scan_frames<T>(
+    bytes: &[u8],
+    format: &Format<'_>,
+    decode: &impl Fn(&[u8]) -> Result<T, String>,
+    mut on_frame: impl FnMut(T, FrameAt),
+) -> Result<(Tail, u64), Problem> {
+    let (magic, kind) = (format.magic, format.kind);
     if bytes.len() < MAGIC_LEN {
         // A file created and not yet written whole: nothing in it was acknowledged.
         if magic.starts_with(bytes) {
@@ -215,12 +267,16 @@ fn scan(
     }
     let mut offset = MAGIC_LEN;
     while offset < bytes.len() {
-        match read_frame(&bytes[offset..]) {
-            Ok((record, used)) => {
-                on_record(record);
+        match read_frame(&bytes[offset..], format.max_frame_len, decode) {
+            Ok((payload, used)) => {
+                let at = FrameAt {
+                    offset: offset as u64,
+                    len: used as u64,
+                };
+                on_frame(payload, at);
                 offset += used;
             }
-            Err(reason) if valid_frame_after(bytes, offset) => {
+            Err(reason) if valid_frame_after(bytes, offset, format.max_frame_len, decode) => {
                 return Err(Problem::Corrupt(offset as u64, reason));
             }
             Err(_) => return Ok((torn(bytes, offset), offset as u64)),
@@ -230,10 +286,15 @@ fn scan(
 }
 
 /// Whether a valid frame starts anywhere after `offset`, within the longest distance the next
-/// frame could be (the damaged frame at `offset` was at most [`MAX_FRAME_LEN`] long).
-fn valid_frame_after(bytes: &[u8], offset: usize) -> bool {
-    let last = bytes.len().min(offset + HEADER_LEN + MAX_FRAME_LEN);
-    (offset + 1..last).any(|start| read_frame(&bytes[start..]).is_ok())
+/// frame could be (the damaged frame at `offset` was at most `max_frame_len` long).
+fn valid_frame_after<T>(
+    bytes: &[u8],
+    offset: usize,
+    max_frame_len: usize,
+    decode: &impl Fn(&[u8]) -> Result<T, String>,
+) -> bool {
+    let last = bytes.len().min(offset + HEADER_LEN + max_frame_len);
+    (offset + 1..last).any(|start| read_frame(&bytes[start..], max_frame_len, decode).is_ok())
 }
 
 fn torn(bytes: &[u8], offset: usize) -> Tail {
@@ -243,14 +304,19 @@ fn torn(bytes: &[u8], offset: usize) -> Tail {
     }
 }
 
-/// Reads the frame at the start of `bytes`: the record and the bytes it took, or why not.
-fn read_frame(bytes: &[u8]) -> Result<(Record, usize), String> {
+/// Reads the frame at the start of `bytes`: the decoded payload and the bytes the frame took,
+/// or why not. A frame longer than `max_frame_len` is refused unread.
+pub fn read_frame<T>(
+    bytes: &[u8],
+    max_frame_len: usize,
+    decode: &impl Fn(&[u8]) -> Result<T, String>,
+) -> Result<(T, usize), String> {
     if bytes.len() < HEADER_LEN {
         return Err("the file ends inside a frame header".into());
     }
     let len = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes")) as usize;
     let crc = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
-    if len == 0 || len > MAX_FRAME_LEN {
+    if len == 0 || len > max_frame_len {
         return Err(format!("a frame length of {len} bytes"));
     }
     let Some(body) = bytes.get(HEADER_LEN..HEADER_LEN + len) else {
@@ -266,8 +332,8 @@ fn read_frame(bytes: &[u8]) -> Result<(Record, usize), String> {
     if crc32fast::hash(body) != crc {
         return Err("checksum mismatch".into());
     }
-    let record = Record::decode(&body[1..]).map_err(|error: DecodeError| error.to_string())?;
-    Ok((record, HEADER_LEN + len))
+    let payload = decode(&body[1..])?;
+    Ok((payload, HEADER_LEN + len))
 }
 
 #[cfg(test)]

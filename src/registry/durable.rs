@@ -108,23 +108,47 @@ impl Registry {
                 path: dir.path().to_owned(),
                 source,
             })?;
-        let ctx = &self.ctx();
+        let records = self.state_records().chain(more());
+        let size = dir.write_snapshot(lsn, records)?;
+        Ok((lsn, size))
+    }
+
+    /// The registry's state as the records a snapshot holds: every listed expired key
+    /// (`ExpiredEntry`), then every alive key whole (`Upsert`). Read lazily, shard by shard and
+    /// [`SNAPSHOT_CHUNK`] slots per lock, so writes go on meanwhile; each record is a key's
+    /// whole state, so replaying the changes made during the read over them gives the state
+    /// (see the module documentation). Used by [`Registry::snapshot`] and by the cluster's Raft
+    /// snapshots (`cluster::snapshot`), which have no journal.
+    pub fn state_records(&self) -> impl Iterator<Item = Record> + '_ {
         let expired = self
             .shards
             .iter()
-            .flat_map(|shard| shard.0.lock().expired_records(ctx));
-        let alive = self.shards.iter().flat_map(|shard| {
+            .flat_map(move |shard| shard.0.lock().expired_records(&self.ctx()));
+        let alive = self.shards.iter().flat_map(move |shard| {
             let mut next = Some(0);
             std::iter::from_fn(move || {
-                let (records, after) = shard.0.lock().alive_records(next?, SNAPSHOT_CHUNK, ctx);
+                let (records, after) =
+                    shard
+                        .0
+                        .lock()
+                        .alive_records(next?, SNAPSHOT_CHUNK, &self.ctx());
                 next = after;
                 Some(records)
             })
             .flatten()
         });
-        let records = expired.chain(alive).chain(more());
-        let size = dir.write_snapshot(lsn, records)?;
-        Ok((lsn, size))
+        expired.chain(alive)
+    }
+
+    /// Empties the registry: every key and the expired list, with no event and no record.
+    /// Cluster mode only: a follower installing a Raft snapshot replaces its whole state with
+    /// the snapshot's records (`cluster::state_machine`), applied after this with
+    /// [`Registry::restore`]. Shards are emptied one lock at a time: callers make sure nothing
+    /// else writes meanwhile (openraft applies and installs on one task).
+    pub fn clear(&self) {
+        for shard in self.shards.iter() {
+            shard.0.lock().clear(&self.ctx());
+        }
     }
 
     /// The id of a restored key's service, pinned until the key is stored (`NONE`, with a

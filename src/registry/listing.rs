@@ -336,6 +336,13 @@ impl ExpiredLog {
         }
     }
 
+    /// Forgets every record (a Raft snapshot replaces the whole state, `Registry::clear`).
+    pub fn clear(&mut self) {
+        self.by_key.clear();
+        self.order.clear();
+        self.by_service.clear();
+    }
+
     /// Drops records older than the retention time, and the oldest past the count bound.
     /// `now_ms` is Unix ms, like the records' times.
     pub fn prune(&mut self, now_ms: u64) {

@@ -821,6 +821,17 @@ impl Shard {
         self.expired.record(key.clone(), record);
     }
 
+    /// Removes every key and the whole expired list, with no event and no record (the state a
+    /// Raft snapshot then replaces, `Registry::clear`). O(slots).
+    pub fn clear(&mut self, ctx: &Ctx<'_>) {
+        for slot in 0..self.slots.len_with_free() {
+            if self.slots.get(slot).is_some() {
+                self.detach(slot, ctx);
+            }
+        }
+        self.expired.clear();
+    }
+
     /// Puts a key read back from a snapshot's expired list on the expired list, unless it is
     /// alive.
     pub fn restore_expired(&mut self, key: Key, hash: KeyHash, record: ExpiredRecord) {

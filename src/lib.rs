@@ -16,6 +16,8 @@
 //! - [`routes`]: the table of every route, by name, that `http` and `metrics` both read.
 //! - [`clock`]: monotonic epoch milliseconds and their display as wall time.
 //! - [`systemd`]: `READY=1` / `STOPPING=1` for a `Type=notify` unit.
+//! - [`cluster`]: cluster mode on openraft (issue 28), being built: so far the Raft storage
+//!   (log, state machine, snapshots), used only by its tests.
 //! - [`cli`]: the operator's subcommands (`keys`, `events`, `guard`, ...), clients of a running
 //!   server through `ttlwheel-client`.
 //!
@@ -24,6 +26,7 @@
 pub mod auth;
 pub mod cli;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod edge;
 pub mod events;

@@ -1,0 +1,138 @@
+//! Cluster mode (issue 28, docs/cluster-design.md): ttlwheel replicated with openraft.
+//!
+//! **Not wired in yet.** This is step 1 of the design's order of work: the storage openraft
+//! runs on, with no network, no flags and no lease rules. Nothing outside this module and its
+//! tests uses it; a single node (every run today) never touches it. It is `pub` so the
+//! integration tests (`tests/it/cluster_storage.rs`, openraft's storage suite) can build it.
+//!
+//! - [`types`]: the Raft type configuration, [`types::Command`] (the records one entry
+//!   carries), [`types::Member`], [`types::SnapshotFile`].
+//! - [`log_store`]: the Raft log on disk (segments in `persist::log`'s framing, vote,
+//!   committed and purged ids), openraft's `RaftLogStorage`.
+//! - [`state_machine`]: applies committed entries through the registry's one door
+//!   (`Registry::restore`, as recovery does), openraft's `RaftStateMachine`.
+//! - [`snapshot`]: the snapshot file (the single-node snapshot's frames behind a header that
+//!   says which log id and membership it covers), its builder, reading it back.
+//!
+//! One error type, [`StoreError`], for the storage boundary; openraft gets it as its
+//! `StorageError` (the operation and subject it failed on, and this error's message).
+
+pub mod log_store;
+pub mod snapshot;
+pub mod state_machine;
+pub mod types;
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use openraft::{AnyError, ErrorSubject, ErrorVerb, StorageIOError};
+
+use crate::persist::log::{ReadError, MAX_FRAME_LEN};
+use types::StorageError;
+
+/// The cluster's storage (log, snapshots) could not be opened, read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot use {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    #[error("{path} is corrupted: {reason}")]
+    Corrupt { path: PathBuf, reason: String },
+    #[error(
+        "{path} ends in a torn entry at byte offset {offset}, but it is not the last segment: \
+         entries are missing after it"
+    )]
+    TornInside { path: PathBuf, offset: u64 },
+    #[error("entry {found} follows entry {last}: the log's indexes must be consecutive")]
+    Hole { last: u64, found: u64 },
+    #[error(
+        "an entry of {len} bytes exceeds the largest log frame ({})",
+        log_store::MAX_ENTRY_FRAME_LEN
+    )]
+    TooLarge { len: usize },
+    #[error(
+        "a snapshot record of {len} bytes exceeds the largest snapshot frame ({MAX_FRAME_LEN})"
+    )]
+    RecordTooLarge { len: usize },
+    #[error("{path} is the snapshot {found}, not {expected}")]
+    WrongSnapshot {
+        path: PathBuf,
+        expected: String,
+        found: String,
+    },
+    #[error("a blocking storage task failed: {0}")]
+    Task(String),
+}
+
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// `error` as openraft's storage error: what failed (`subject`) doing what (`verb`).
+fn storage_error(subject: ErrorSubject<u64>, verb: ErrorVerb, error: &StoreError) -> StorageError {
+    StorageIOError::new(subject, verb, AnyError::new(error)).into()
+}
+
+/// Files named `<prefix><number>.ttlw` in `dir`, by number.
+fn numbered_files(dir: &Path, prefix: &str) -> Result<Vec<(u64, PathBuf)>, StoreError> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io_error(dir))? {
+        let entry = entry.map_err(io_error(dir))?;
+        let name = entry.file_name();
+        let Some(number) = name
+            .to_str()
+            .and_then(|name| name.strip_prefix(prefix))
+            .and_then(|rest| rest.strip_suffix(".ttlw"))
+            .and_then(|number| number.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        found.push((number, entry.path()));
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// Makes renames and deletions in `dir` durable.
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)
+        .and_then(|dir| dir.sync_all())
+        .map_err(io_error(dir))
+}
+
+/// What the cluster's storage tests share.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::path::{Path, PathBuf};
+
+    /// A fresh directory under the temp dir, unique to this process and `name`, removed when
+    /// dropped.
+    pub struct TempDir(PathBuf);
+
+    impl TempDir {
+        pub fn new(name: &str) -> Self {
+            let path = std::env::temp_dir()
+                .join(format!("ttlwheel-cluster-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&path);
+            std::fs::create_dir_all(&path).unwrap();
+            Self(path)
+        }
+
+        pub fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}

@@ -1,0 +1,417 @@
+//! The Raft state machine: committed entries applied to the registry, through its one door.
+//!
+//! A `Writes` command's records go through `Registry::restore`, the path recovery takes: a
+//! follower applies the leader's records exactly as a restarted node applies its own log
+//! (idempotent whole-key records; a relative TTL counts from the apply). Blank entries change
+//! nothing (promotion will hang on them, design section 6); membership entries are kept as the
+//! applied membership.
+//!
+//! Not durable on its own: the state is the registry in memory plus the newest snapshot in
+//! its directory. At start the snapshot is loaded and its last log id reported as applied;
+//! openraft then re-applies the committed entries after it (the log store keeps `committed`).
+//! Installing a snapshot replaces the whole registry (`Registry::clear`, then the snapshot's
+//! records), after the file has been read through once and found whole, so a damaged
+//! snapshot changes nothing.
+//!
+//! Not yet (later steps of the design): events and webhook ids derived from log indexes (the
+//! restore path publishes no event), key generations, `Expiries` and `Checkpoint` commands.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use openraft::storage::RaftStateMachine;
+use openraft::{EntryPayload, ErrorSubject, ErrorVerb};
+use tokio::time::Instant;
+
+use super::snapshot::{self, SnapshotBuilder};
+use super::types::{
+    Applied, Command, Entry, LogId, Snapshot, SnapshotFile, SnapshotMeta, StorageError,
+    StoredMembership, TypeConfig,
+};
+use super::{io_error, storage_error, sync_dir, StoreError};
+use crate::registry::Registry;
+
+/// See the module documentation.
+pub struct StateMachine {
+    /// The one door every change goes through.
+    registry: Arc<Registry>,
+    /// Where snapshots (and snapshots being received) live.
+    dir: PathBuf,
+    /// The last entry applied (or covered by the installed snapshot).
+    last_applied: Option<LogId>,
+    /// The membership of the last membership entry applied.
+    membership: StoredMembership,
+}
+
+impl StateMachine {
+    /// A state machine over `registry` (empty: this fills it) with its snapshots in `dir`
+    /// (created if needed): the newest snapshot there is loaded into the registry. Leftover
+    /// `.tmp` files (a snapshot half written or received before a crash) are deleted.
+    pub fn open(dir: &Path, registry: Arc<Registry>) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(dir).map_err(io_error(dir))?;
+        for entry in std::fs::read_dir(dir).map_err(io_error(dir))? {
+            let path = entry.map_err(io_error(dir))?.path();
+            if path.extension().is_some_and(|extension| extension == "tmp") {
+                std::fs::remove_file(&path).map_err(io_error(&path))?;
+            }
+        }
+        let mut machine = Self {
+            registry,
+            dir: dir.to_owned(),
+            last_applied: None,
+            membership: StoredMembership::default(),
+        };
+        if let Some((_, file)) = snapshot::newest(dir)? {
+            let now = Instant::now();
+            let registry = &machine.registry;
+            let meta = snapshot::read(&file.path, |record| registry.restore(record, now))?;
+            machine.last_applied = meta.last_log_id;
+            machine.membership = meta.last_membership;
+        }
+        Ok(machine)
+    }
+
+    /// The registry entries are applied to.
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// Applies one entry; what the proposer is answered.
+    fn apply_entry(&mut self, entry: Entry, now: Instant) -> Applied {
+        let log_index = entry.log_id.index;
+        self.last_applied = Some(entry.log_id);
+        let n_records = match entry.payload {
+            EntryPayload::Blank => 0,
+            EntryPayload::Normal(Command::Writes(records)) => {
+                let n_records = records.len();
+                for record in records {
+                    self.registry.restore(record, now);
+                }
+                n_records
+            }
+            EntryPayload::Membership(membership) => {
+                self.membership = StoredMembership::new(Some(entry.log_id), membership);
+                0
+            }
+        };
+        Applied {
+            log_index,
+            n_records,
+        }
+    }
+}
+
+/// Replaces the registry's state with the snapshot `meta` in `incoming`, and keeps the file
+/// as `dir`'s current snapshot. Blocking.
+fn install(
+    registry: &Registry,
+    dir: &Path,
+    meta: &SnapshotMeta,
+    incoming: &SnapshotFile,
+) -> Result<(), StoreError> {
+    // Read it through once: a damaged or mismatched snapshot must change nothing.
+    let found = snapshot::read(&incoming.path, |_| {})?;
+    if found != *meta {
+        return Err(StoreError::WrongSnapshot {
+            path: incoming.path.clone(),
+            expected: meta.snapshot_id.clone(),
+            found: found.snapshot_id,
+        });
+    }
+    let ours = snapshot::path_for(dir, meta.last_log_id);
+    if incoming.path != ours {
+        if incoming.path.parent() == Some(dir) {
+            // Received into this directory: it becomes the snapshot by a rename.
+            std::fs::rename(&incoming.path, &ours).map_err(io_error(&ours))?;
+        } else {
+            let tmp = ours.with_extension("tmp");
+            std::fs::copy(&incoming.path, &tmp).map_err(io_error(&tmp))?;
+            std::fs::File::open(&tmp)
+                .and_then(|file| file.sync_all())
+                .map_err(io_error(&tmp))?;
+            std::fs::rename(&tmp, &ours).map_err(io_error(&ours))?;
+        }
+        sync_dir(dir)?;
+    }
+    let now = Instant::now();
+    registry.clear();
+    snapshot::read(&ours, |record| registry.restore(record, now))?;
+    snapshot::remove_older(dir, &ours)
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        Ok((self.last_applied, self.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Applied>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + Send,
+        I::IntoIter: Send,
+    {
+        let now = Instant::now();
+        Ok(entries
+            .into_iter()
+            .map(|entry| self.apply_entry(entry, now))
+            .collect())
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        SnapshotBuilder {
+            registry: Arc::clone(&self.registry),
+            dir: self.dir.clone(),
+            last_applied: self.last_applied,
+            membership: self.membership.clone(),
+        }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotFile>, StorageError> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |elapsed| elapsed.as_nanos());
+        Ok(Box::new(SnapshotFile {
+            path: self.dir.join(format!("incoming-{nanos}.tmp")),
+            len: 0,
+        }))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<SnapshotFile>,
+    ) -> Result<(), StorageError> {
+        let (registry, dir, header) = (Arc::clone(&self.registry), self.dir.clone(), meta.clone());
+        let installed =
+            tokio::task::spawn_blocking(move || install(&registry, &dir, &header, &snapshot))
+                .await
+                .map_err(|error| StoreError::Task(error.to_string()))
+                .and_then(|installed| installed);
+        installed.map_err(|error| {
+            let signature = Some(meta.signature());
+            storage_error(ErrorSubject::Snapshot(signature), ErrorVerb::Write, &error)
+        })?;
+        self.last_applied = meta.last_log_id;
+        self.membership = meta.last_membership.clone();
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
+        let newest = snapshot::newest(&self.dir).map_err(|error| {
+            storage_error(ErrorSubject::Snapshot(None), ErrorVerb::Read, &error)
+        })?;
+        Ok(newest.map(|(meta, file)| Snapshot {
+            meta,
+            snapshot: Box::new(file),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::{CommittedLeaderId, Membership, RaftSnapshotBuilder};
+
+    use super::*;
+    use crate::clock::Clock;
+    use crate::cluster::testing::TempDir;
+    use crate::persist::record::{Expiry, KeyState as DurableKey, Record};
+    use crate::registry::{KeyState, RegistryConfig};
+    use crate::types::{Key, Meta, ServiceName};
+
+    const UNIX_AT_EPOCH: u64 = 1_700_000_000_000;
+
+    fn registry(epoch: Instant) -> Arc<Registry> {
+        let clock = Clock::with_unix_ms_at_epoch(epoch, UNIX_AT_EPOCH);
+        Arc::new(Registry::with_clock(RegistryConfig::default(), clock))
+    }
+
+    fn upsert(key: &str, expiry: Expiry, service: Option<&str>) -> Record {
+        Record::Upsert(DurableKey {
+            key: Key::new(key).unwrap(),
+            service: service.map(|name| ServiceName::new(name).unwrap()),
+            meta: Some(Meta::from_value(&serde_json::json!({ "zone": key })).unwrap()),
+            expiry,
+            registered_unix_ms: UNIX_AT_EPOCH,
+            last_heartbeat_unix_ms: UNIX_AT_EPOCH,
+        })
+    }
+
+    fn entry(index: u64, payload: EntryPayload<TypeConfig>) -> Entry {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload,
+        }
+    }
+
+    /// The registry's state as sorted records (what a snapshot holds), and each key's TTL.
+    fn contents(registry: &Registry, keys: &[&str], now: Instant) -> (Vec<String>, Vec<KeyState>) {
+        let mut records: Vec<String> = registry
+            .state_records()
+            .map(|record| format!("{record:?}"))
+            .collect();
+        records.sort();
+        let ttls = keys
+            .iter()
+            .map(|key| registry.state(&Key::new(key).unwrap(), now))
+            .collect();
+        (records, ttls)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_snapshot_round_trip_restores_the_same_keys_and_ttls_through_the_registry() {
+        let epoch = Instant::now();
+        let (leader_dir, follower_dir) = (TempDir::new("sm-leader"), TempDir::new("sm-follower"));
+        let mut leader = StateMachine::open(leader_dir.path(), registry(epoch)).unwrap();
+        let members = Membership::new(vec![[1, 2, 3].into()], None);
+        let writes = vec![
+            upsert("wheel", Expiry::Relative { ttl_ms: 30_000 }, Some("api")),
+            upsert("heap", Expiry::Relative { ttl_ms: 1_234 }, None),
+            upsert("forever", Expiry::Never, Some("db")),
+            upsert(
+                "at",
+                Expiry::Absolute {
+                    at_unix_ms: UNIX_AT_EPOCH + 90_000,
+                },
+                None,
+            ),
+            upsert("gone", Expiry::Relative { ttl_ms: 5_000 }, None),
+            upsert("dead", Expiry::Relative { ttl_ms: 5_000 }, Some("api")),
+            Record::Deleted {
+                key: Key::new("gone").unwrap(),
+                at_unix_ms: UNIX_AT_EPOCH,
+            },
+            Record::Expired {
+                key: Key::new("dead").unwrap(),
+                at_unix_ms: UNIX_AT_EPOCH + 1,
+                last_heartbeat_unix_ms: UNIX_AT_EPOCH,
+            },
+        ];
+        let applied = leader
+            .apply([
+                entry(1, EntryPayload::Membership(members.clone())),
+                entry(2, EntryPayload::Normal(Command::Writes(writes))),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(
+            applied[1],
+            Applied {
+                log_index: 2,
+                n_records: 8
+            }
+        );
+        let keys = ["wheel", "heap", "forever", "at", "gone", "dead"];
+        let expected = contents(leader.registry(), &keys, epoch);
+        assert_eq!(
+            expected.1,
+            [
+                KeyState::ExpiresIn(30_000),
+                KeyState::ExpiresIn(1_234),
+                KeyState::Persistent,
+                KeyState::ExpiresIn(90_000),
+                KeyState::Missing,
+                KeyState::Missing,
+            ]
+        );
+        assert!(expected
+            .0
+            .iter()
+            .any(|record| record.contains("ExpiredEntry")));
+
+        let built = leader
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        assert_eq!(
+            built.meta.last_log_id,
+            Some(entry(2, EntryPayload::Blank).log_id)
+        );
+
+        // A follower with a key of its own: the snapshot replaces its whole state.
+        let mut follower = StateMachine::open(follower_dir.path(), registry(epoch)).unwrap();
+        let stale = vec![upsert("stale", Expiry::Never, None)];
+        follower
+            .apply([entry(1, EntryPayload::Normal(Command::Writes(stale)))])
+            .await
+            .unwrap();
+        let mut incoming = follower.begin_receiving_snapshot().await.unwrap();
+        std::fs::copy(&built.snapshot.path, &incoming.path).unwrap();
+        incoming.len = built.snapshot.len;
+        follower
+            .install_snapshot(&built.meta, incoming)
+            .await
+            .unwrap();
+        assert_eq!(contents(follower.registry(), &keys, epoch), expected);
+        assert_eq!(
+            follower
+                .registry()
+                .state(&Key::new("stale").unwrap(), epoch),
+            KeyState::Missing
+        );
+        let (applied, membership) = follower.applied_state().await.unwrap();
+        assert_eq!(applied, built.meta.last_log_id);
+        assert_eq!(membership.membership(), &members);
+        follower.registry().check_invariants();
+
+        // A restart loads the installed snapshot into a fresh registry.
+        drop(follower);
+        let mut restarted = StateMachine::open(follower_dir.path(), registry(epoch)).unwrap();
+        assert_eq!(contents(restarted.registry(), &keys, epoch), expected);
+        assert_eq!(
+            restarted.applied_state().await.unwrap().0,
+            built.meta.last_log_id
+        );
+        let current = restarted.get_current_snapshot().await.unwrap().unwrap();
+        assert_eq!(current.meta, built.meta);
+    }
+
+    #[tokio::test]
+    async fn a_damaged_snapshot_is_refused_and_changes_nothing() {
+        let epoch = Instant::now();
+        let (leader_dir, follower_dir) = (
+            TempDir::new("sm-bad-leader"),
+            TempDir::new("sm-bad-follower"),
+        );
+        let mut leader = StateMachine::open(leader_dir.path(), registry(epoch)).unwrap();
+        let writes = (0..20)
+            .map(|n| upsert(&format!("k{n}"), Expiry::Never, None))
+            .collect();
+        leader
+            .apply([entry(1, EntryPayload::Normal(Command::Writes(writes)))])
+            .await
+            .unwrap();
+        let built = leader
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        let mut follower = StateMachine::open(follower_dir.path(), registry(epoch)).unwrap();
+        let own = vec![upsert("own", Expiry::Never, None)];
+        follower
+            .apply([entry(1, EntryPayload::Normal(Command::Writes(own)))])
+            .await
+            .unwrap();
+        let incoming = follower.begin_receiving_snapshot().await.unwrap();
+        let mut bytes = std::fs::read(&built.snapshot.path).unwrap();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0xff;
+        std::fs::write(&incoming.path, &bytes).unwrap();
+        assert!(follower
+            .install_snapshot(&built.meta, incoming)
+            .await
+            .is_err());
+        assert_eq!(
+            follower.registry().len(),
+            1,
+            "the follower's state is untouched"
+        );
+        assert_eq!(
+            follower.applied_state().await.unwrap().0.map(|id| id.index),
+            Some(1)
+        );
+    }
+}

@@ -1,0 +1,213 @@
+//! ttlwheel's Raft types: the type configuration openraft is instantiated with, what a log
+//! entry carries ([`Command`]), what applying one answers ([`Applied`]), a member's addresses
+//! ([`Member`]) and a snapshot on disk ([`SnapshotFile`]).
+//!
+//! A [`Command`] is made of the same durable records the single-node journal writes
+//! (`persist::record::Record`), in their binary codec, so a follower applies them as recovery
+//! does. Its serde form (openraft's RPC bodies, later) is that binary encoding as one base64
+//! string, so the records' decoder, which goes through the API's constructors, is the only way
+//! in. What this module deliberately lacks so far: the `Expiries` and `Checkpoint` commands of
+//! docs/cluster-design.md section 3 (they need key generations in the registry, a later step).
+
+use std::path::PathBuf;
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+
+use crate::persist::record::{DecodeError, Record};
+
+openraft::declare_raft_types!(
+    /// ttlwheel's Raft types: entries carry [`Command`]s, nodes their two addresses.
+    pub TypeConfig:
+        D = Command,
+        R = Applied,
+        NodeId = u64,
+        Node = Member,
+        SnapshotData = SnapshotFile,
+);
+
+/// A node's id in the cluster (`--node-id`).
+pub type NodeId = u64;
+/// A Raft log entry.
+pub type Entry = openraft::Entry<TypeConfig>;
+/// A log entry's id: the leader (term, node) that proposed it and its index.
+pub type LogId = openraft::LogId<NodeId>;
+/// A vote (term, node, committed).
+pub type Vote = openraft::Vote<NodeId>;
+/// What storage reports to openraft.
+pub type StorageError = openraft::StorageError<NodeId>;
+/// A membership config and the id of the entry that carried it.
+pub type StoredMembership = openraft::StoredMembership<NodeId, Member>;
+/// What a snapshot covers.
+pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, Member>;
+/// A snapshot: its meta and its file.
+pub type Snapshot = openraft::Snapshot<TypeConfig>;
+
+/// One member of the cluster, as the membership config stores it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// The address peers dial (`--cluster-listen`, as advertised).
+    pub peer_addr: String,
+    /// The API's address, which `X-Ttlwheel-Leader` and `GET /v1/cluster` show.
+    pub api_addr: String,
+}
+
+/// What one Raft entry asks the state machine to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Records of one request or one batch of requests, in order, applied through the
+    /// registry's door as recovery applies them (`Registry::restore`).
+    Writes(Vec<Record>),
+}
+
+/// A command that cannot be read back.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CommandError {
+    #[error("the command ends early")]
+    Truncated,
+    #[error("unknown command tag {0}")]
+    UnknownTag(u8),
+    #[error("record {index} of the command: {source}")]
+    Record { index: usize, source: DecodeError },
+    #[error("{0} bytes left over after the command")]
+    TrailingBytes(usize),
+}
+
+/// The tag of [`Command::Writes`].
+const WRITES: u8 = 1;
+
+impl Command {
+    /// Appends the command's encoding to `out`: a tag, the number of records (u32 LE), then
+    /// each record as its length (u32 LE) and its `Record::encode` bytes.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            Self::Writes(records) => {
+                out.push(WRITES);
+                let n = u32::try_from(records.len()).expect("a command holds far fewer records");
+                out.extend_from_slice(&n.to_le_bytes());
+                for record in records {
+                    let start = out.len();
+                    out.extend_from_slice(&[0; 4]);
+                    record.encode(out);
+                    let len = u32::try_from(out.len() - start - 4)
+                        .expect("a record is far smaller than 4 GiB");
+                    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+                }
+            }
+        }
+    }
+
+    /// Reads one command that fills `bytes` exactly.
+    pub fn decode(bytes: &[u8]) -> Result<Self, CommandError> {
+        let (&tag, mut rest) = bytes.split_first().ok_or(CommandError::Truncated)?;
+        if tag != WRITES {
+            return Err(CommandError::UnknownTag(tag));
+        }
+        let n = take_u32(&mut rest)? as usize;
+        // Each record takes at least its 4-byte length: a count larger than that allows is
+        // damage, and must not size an allocation.
+        if n > rest.len() / 4 {
+            return Err(CommandError::Truncated);
+        }
+        let mut records = Vec::with_capacity(n);
+        for index in 0..n {
+            let len = take_u32(&mut rest)? as usize;
+            if len > rest.len() {
+                return Err(CommandError::Truncated);
+            }
+            let (record, after) = rest.split_at(len);
+            rest = after;
+            let record =
+                Record::decode(record).map_err(|source| CommandError::Record { index, source })?;
+            records.push(record);
+        }
+        match rest.len() {
+            0 => Ok(Self::Writes(records)),
+            left => Err(CommandError::TrailingBytes(left)),
+        }
+    }
+}
+
+fn take_u32(bytes: &mut &[u8]) -> Result<u32, CommandError> {
+    let Some((head, rest)) = bytes.split_first_chunk::<4>() else {
+        return Err(CommandError::Truncated);
+    };
+    *bytes = rest;
+    Ok(u32::from_le_bytes(*head))
+}
+
+impl Serialize for Command {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut bytes = Vec::new();
+        self.encode(&mut bytes);
+        serializer.serialize_str(&base64::engine::general_purpose::STANDARD.encode(bytes))
+    }
+}
+
+impl<'de> Deserialize<'de> for Command {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(text.as_bytes())
+            .map_err(serde::de::Error::custom)?;
+        Self::decode(&bytes).map_err(serde::de::Error::custom)
+    }
+}
+
+/// What applying one entry answers the proposer.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Applied {
+    /// The entry's log index.
+    pub log_index: u64,
+    /// Records the entry carried and the state machine applied (0 for blank and membership
+    /// entries).
+    pub n_records: usize,
+}
+
+/// A snapshot on disk, never in memory: openraft hands this handle around, and the network
+/// (a later step) streams the file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotFile {
+    /// Where the file is.
+    pub path: PathBuf,
+    /// Its size in bytes (0 for a file still to be received).
+    pub len: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::persist::testing::record;
+
+    #[test]
+    fn a_command_reads_back_as_written_through_its_binary_and_serde_forms() {
+        for n in [0, 1, 7] {
+            let command = Command::Writes((0..n).map(record).collect());
+            let mut bytes = Vec::new();
+            command.encode(&mut bytes);
+            assert_eq!(Command::decode(&bytes), Ok(command.clone()));
+            let json = serde_json::to_string(&command).unwrap();
+            assert_eq!(serde_json::from_str::<Command>(&json).unwrap(), command);
+        }
+    }
+
+    #[test]
+    fn a_cut_padded_or_inflated_command_is_refused() {
+        let command = Command::Writes((0..3).map(record).collect());
+        let mut bytes = Vec::new();
+        command.encode(&mut bytes);
+        for cut in 0..bytes.len() {
+            assert!(Command::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut padded = bytes.clone();
+        padded.push(0);
+        assert_eq!(
+            Command::decode(&padded),
+            Err(CommandError::TrailingBytes(1))
+        );
+        let mut inflated = bytes.clone();
+        inflated[1..5].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(Command::decode(&inflated), Err(CommandError::Truncated));
+        assert!(serde_json::from_str::<Command>("\"not base64!\"").is_err());
+    }
+}

@@ -15,6 +15,8 @@
 //! - [`metrics`]: Prometheus metrics (`GET /metrics`).
 //! - [`routes`]: the table of every route, by name, that `http` and `metrics` both read.
 //! - [`clock`]: monotonic epoch milliseconds and their display as wall time.
+//! - [`cluster`]: replication over Raft (issue 28), compiled in but not wired yet; so far the
+//!   lease rules ([`cluster::lease`]), pure.
 //! - [`systemd`]: `READY=1` / `STOPPING=1` for a `Type=notify` unit.
 //! - [`cli`]: the operator's subcommands (`keys`, `events`, `guard`, ...), clients of a running
 //!   server through `ttlwheel-client`.
@@ -24,6 +26,7 @@
 pub mod auth;
 pub mod cli;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod edge;
 pub mod events;

@@ -267,6 +267,350 @@ impl LeaseRules {
     }
 }
 
+/// What this node is, as Raft's metrics say (openraft's `ServerState`, as a plain value).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RaftRole {
+    Leader,
+    Candidate,
+    Follower,
+    Learner,
+    Shutdown,
+}
+
+/// One reading of Raft's metrics, the part the lease rules use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MetricsView {
+    /// This node's role.
+    pub role: RaftRole,
+    /// The current term. Terms never go back; a reading with an older term than one already
+    /// seen is stale and ignored.
+    pub term: u64,
+    /// `RaftMetrics::millis_since_quorum_ack`: set while leading, once a quorum acknowledged.
+    pub millis_since_quorum_ack: Option<u64>,
+}
+
+/// What the glue does, in the order given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// This node is promoted: every key gets [`LeaseRules::failover_deadline`]`(at, r, ttl)`
+    /// with `r = follower_deadline - last_leader_contact` (zero if already past), in a chunked
+    /// pass over the shards, done before a [`Action::ResumeExpiry`] that follows.
+    Promote {
+        /// The promotion instant `p`, from which the failover deadlines count.
+        at: Instant,
+        /// The last instant a leader was known to count this node's deadlines (module doc).
+        last_leader_contact: Instant,
+    },
+    /// Leadership is lost: stop the sweeper and the checkpoints, clear the dirty set, forward
+    /// from now on.
+    Demote,
+    /// Propose one `Checkpoint` of the keys renewed since the last one.
+    ProposeCheckpoint,
+    /// Stop proposing expiries (keys due stay due).
+    PauseExpiry,
+    /// Start proposing expiries: [`Lease::may_serve`] holds.
+    ResumeExpiry,
+}
+
+/// Why [`Lease::may_serve`] refuses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NotServing {
+    #[error("this node is not the leader")]
+    NotLeader,
+    #[error("this node leads but has not applied everything committed before its term yet")]
+    NotPromoted,
+    #[error("no quorum acknowledged this leader recently enough")]
+    NoQuorum,
+}
+
+/// This node's leadership of one term; dropped whole when it ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct LeaderState {
+    /// The term led; always the newest term seen.
+    term: u64,
+    /// Set once the blank entry of `term` was applied here.
+    promotion: Option<Promotion>,
+    /// `now - millis_since_quorum_ack` at the latest metrics reading of this term; at most the
+    /// instant of that reading.
+    metrics_ack: Option<Instant>,
+    /// The newest send instant a quorum acknowledged in this term, by our network; at most the
+    /// instant it was reported; never goes back.
+    network_ack: Option<Instant>,
+}
+
+impl LeaderState {
+    /// The earlier of the two estimates; unknown until both are known.
+    fn quorum_ack(&self) -> Option<Instant> {
+        Some(self.metrics_ack?.min(self.network_ack?))
+    }
+}
+
+/// A promoted leadership.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Promotion {
+    /// The instant of the promotion.
+    at: Instant,
+    /// The last checkpoint proposed, or the promotion: the next one is due an interval later.
+    last_checkpoint: Instant,
+}
+
+/// One node's lease state; see the module documentation for the rules.
+///
+/// Every method that changes it takes `now`; instants earlier than one already given are
+/// treated as that one (time never goes back here).
+#[derive(Clone, Debug)]
+pub struct Lease {
+    rules: LeaseRules,
+    /// The newest instant given to any call.
+    now: Instant,
+    /// The newest term seen in the metrics.
+    term: u64,
+    /// Set while this node leads `term`.
+    leader: Option<LeaderState>,
+    /// The newest term whose blank entry was applied here.
+    blank_applied_term: Option<u64>,
+    /// The last instant a leader was known to count deadlines: module doc. At most `now`.
+    last_leader_contact: Instant,
+    /// Whether the last expiry action was [`Action::ResumeExpiry`]; after every call, equal to
+    /// `may_serve(now).is_ok()`.
+    expiry_running: bool,
+}
+
+impl Lease {
+    /// A node that has just started: a follower of no one, in term 0.
+    pub fn new(rules: LeaseRules, now: Instant) -> Self {
+        Self {
+            rules,
+            now,
+            term: 0,
+            leader: None,
+            blank_applied_term: None,
+            last_leader_contact: now,
+            expiry_running: false,
+        }
+    }
+
+    pub fn rules(&self) -> &LeaseRules {
+        &self.rules
+    }
+
+    /// Whether this node leads (promoted or not).
+    pub fn is_leader(&self) -> bool {
+        self.leader.is_some()
+    }
+
+    /// When this node was promoted in the term it leads.
+    pub fn promoted_at(&self) -> Option<Instant> {
+        self.leader?.promotion.map(|promotion| promotion.at)
+    }
+
+    /// The quorum acknowledgment the fence counts from, while leading and once known.
+    pub fn quorum_ack(&self) -> Option<Instant> {
+        self.leader?.quorum_ack()
+    }
+
+    /// Whether this node may acknowledge renewals, propose expiries and serve linearizable reads
+    /// at `now`: it leads, is promoted, and `now < quorum_ack + fence`.
+    pub fn may_serve(&self, now: Instant) -> Result<(), NotServing> {
+        let leader = self.leader.as_ref().ok_or(NotServing::NotLeader)?;
+        leader.promotion.ok_or(NotServing::NotPromoted)?;
+        match leader.quorum_ack() {
+            Some(ack) if now < ack + self.rules.fence => Ok(()),
+            _ => Err(NotServing::NoQuorum),
+        }
+    }
+
+    /// When the glue should call [`Lease::on_tick`] next: the next checkpoint, or the end of
+    /// the fence while expiry runs (to pause it). `None`: nothing is due by time alone.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        let promotion = self.leader?.promotion?;
+        let checkpoint = promotion.last_checkpoint + self.rules.checkpoint_interval;
+        let fence_end = self
+            .expiry_running
+            .then(|| self.quorum_ack().map(|ack| ack + self.rules.fence))
+            .flatten();
+        Some(fence_end.map_or(checkpoint, |end| end.min(checkpoint)))
+    }
+
+    /// A reading of Raft's metrics at `now`: leadership gained, kept or lost, and the metrics'
+    /// quorum acknowledgment.
+    pub fn on_metrics(&mut self, now: Instant, view: MetricsView) -> Vec<Action> {
+        let now = self.advance(now);
+        let mut actions = Vec::new();
+        if view.term < self.term {
+            return actions; // stale: a newer term was seen already
+        }
+        self.term = view.term;
+        let leads_this_term = view.role == RaftRole::Leader;
+        if self
+            .leader
+            .is_some_and(|leader| !leads_this_term || leader.term != view.term)
+        {
+            self.demote(now, &mut actions);
+        }
+        if leads_this_term {
+            let leader = self.leader.get_or_insert(LeaderState {
+                term: view.term,
+                promotion: None,
+                metrics_ack: None,
+                network_ack: None,
+            });
+            // Replaced, not maxed: a reading only errs fresh (module doc, rule 3).
+            leader.metrics_ack = view
+                .millis_since_quorum_ack
+                .and_then(|ms| now.checked_sub(Duration::from_millis(ms)));
+            self.promote_if_due(now, &mut actions);
+        }
+        self.sync_expiry(now, &mut actions);
+        actions
+    }
+
+    /// Our network saw a quorum acknowledge the requests this node sent at `sent_at` as leader
+    /// of `term`. Ignored unless this node leads `term` (as far as the metrics said so far).
+    pub fn on_quorum_ack(&mut self, now: Instant, term: u64, sent_at: Instant) -> Vec<Action> {
+        let now = self.advance(now);
+        let mut actions = Vec::new();
+        if let Some(leader) = self.leader.as_mut().filter(|leader| leader.term == term) {
+            let sent_at = sent_at.min(now); // a send cannot be later than its acknowledgment
+            leader.network_ack = Some(leader.network_ack.map_or(sent_at, |ack| ack.max(sent_at)));
+        }
+        self.sync_expiry(now, &mut actions);
+        actions
+    }
+
+    /// This node accepted an AppendEntries from the leader at `received_at`. Ignored while it
+    /// leads: its own leadership is not contact with a previous leader.
+    pub fn on_leader_contact(&mut self, now: Instant, received_at: Instant) {
+        let now = self.advance(now);
+        if self.leader.is_none() {
+            self.last_leader_contact = self.last_leader_contact.max(received_at.min(now));
+        }
+    }
+
+    /// The blank entry of `entry_term` was applied here: everything committed before that term
+    /// is applied. The promotion point of that term's leader.
+    pub fn on_blank_applied(&mut self, now: Instant, entry_term: u64) -> Vec<Action> {
+        let now = self.advance(now);
+        let mut actions = Vec::new();
+        self.blank_applied_term = Some(
+            self.blank_applied_term
+                .map_or(entry_term, |t| t.max(entry_term)),
+        );
+        self.promote_if_due(now, &mut actions);
+        self.sync_expiry(now, &mut actions);
+        actions
+    }
+
+    /// Time passed: a checkpoint may be due, the fence may have run out.
+    pub fn on_tick(&mut self, now: Instant) -> Vec<Action> {
+        let now = self.advance(now);
+        let mut actions = Vec::new();
+        let interval = self.rules.checkpoint_interval;
+        if let Some(promotion) = self
+            .leader
+            .as_mut()
+            .and_then(|leader| leader.promotion.as_mut())
+        {
+            if now >= promotion.last_checkpoint + interval {
+                // One, however late: the next is an interval from now, not from when this one
+                // was due, so two checkpoints are never closer than the interval.
+                promotion.last_checkpoint = now;
+                actions.push(Action::ProposeCheckpoint);
+            }
+        }
+        self.sync_expiry(now, &mut actions);
+        actions
+    }
+
+    /// Checks the invariants of the fields' documentation; panics with the one broken.
+    pub fn check_invariants(&self) {
+        assert!(
+            self.last_leader_contact <= self.now,
+            "a contact in the future"
+        );
+        assert_eq!(
+            self.expiry_running,
+            self.may_serve(self.now).is_ok(),
+            "expiry runs exactly while the node may serve"
+        );
+        let Some(leader) = self.leader else {
+            return;
+        };
+        assert_eq!(
+            leader.term, self.term,
+            "a leader leads the newest term seen"
+        );
+        for ack in [leader.metrics_ack, leader.network_ack]
+            .into_iter()
+            .flatten()
+        {
+            assert!(ack <= self.now, "an acknowledgment in the future");
+        }
+        if let Some(promotion) = leader.promotion {
+            assert!(
+                self.blank_applied_term >= Some(leader.term),
+                "promoted before the blank entry of its term was applied"
+            );
+            assert!(
+                promotion.at <= promotion.last_checkpoint,
+                "a checkpoint before the promotion"
+            );
+            assert!(
+                promotion.last_checkpoint <= self.now,
+                "a checkpoint in the future"
+            );
+        }
+    }
+
+    /// The newest instant seen, `now` included.
+    fn advance(&mut self, now: Instant) -> Instant {
+        self.now = self.now.max(now);
+        self.now
+    }
+
+    /// Promotes a leader of a term whose blank entry is applied, once.
+    fn promote_if_due(&mut self, now: Instant, actions: &mut Vec<Action>) {
+        let blank_applied_term = self.blank_applied_term;
+        if let Some(leader) = self.leader.as_mut() {
+            if leader.promotion.is_none() && blank_applied_term == Some(leader.term) {
+                leader.promotion = Some(Promotion {
+                    at: now,
+                    last_checkpoint: now,
+                });
+                actions.push(Action::Promote {
+                    at: now,
+                    last_leader_contact: self.last_leader_contact,
+                });
+            }
+        }
+    }
+
+    /// Ends this node's leadership: expiry paused, everything of the term dropped. The node was
+    /// the last leader it knew, counting deadlines until now.
+    fn demote(&mut self, now: Instant, actions: &mut Vec<Action>) {
+        if self.expiry_running {
+            self.expiry_running = false;
+            actions.push(Action::PauseExpiry);
+        }
+        self.leader = None;
+        self.last_leader_contact = now;
+        actions.push(Action::Demote);
+    }
+
+    /// Pauses or resumes expiry to match [`Lease::may_serve`] at `now`.
+    fn sync_expiry(&mut self, now: Instant, actions: &mut Vec<Action>) {
+        let serving = self.may_serve(now).is_ok();
+        if serving != self.expiry_running {
+            self.expiry_running = serving;
+            actions.push(if serving {
+                Action::ResumeExpiry
+            } else {
+                Action::PauseExpiry
+            });
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -430,5 +774,450 @@ mod tests {
             prop_assert!(deadline >= p + ms(remaining_ms));
             prop_assert!(deadline >= p + ms(ttl_ms.min(grace_ms)));
         }
+    }
+
+    // The state machine, driven by scripts: every input at a millisecond from the start, with
+    // the actions it must answer; fence 800 ms, checkpoints every 250 ms.
+
+    /// One step of a script.
+    #[derive(Clone, Copy, Debug)]
+    enum In {
+        /// A metrics reading: role, term, `millis_since_quorum_ack`.
+        Metrics(RaftRole, u64, Option<u64>),
+        /// Our network: a quorum acknowledged what was sent at `sent_at` (ms) in `term`.
+        Ack {
+            term: u64,
+            sent_at: u64,
+        },
+        /// The blank entry of this term was applied.
+        Blank(u64),
+        /// An AppendEntries from the leader was accepted at this millisecond.
+        Contact(u64),
+        Tick,
+        /// Not an input: `may_serve` here must answer this.
+        Serves(Result<(), NotServing>),
+        /// Not an input: `next_deadline` must be this millisecond.
+        NextDeadline(Option<u64>),
+    }
+
+    /// An [`Action`] with its instants as milliseconds from the start.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Out {
+        Promote { at: u64, contact: u64 },
+        Demote,
+        Checkpoint,
+        Pause,
+        Resume,
+    }
+
+    use In::*;
+    use NotServing::*;
+    use Out::*;
+    use RaftRole::*;
+
+    fn rules() -> LeaseRules {
+        config().validate().unwrap()
+    }
+
+    /// Runs `script` on a new lease created at millisecond 0, checking the invariants after
+    /// every step and each step's actions against the expected ones.
+    fn check(script: &[(u64, In, &[Out])]) {
+        let start = Instant::now();
+        let at = |n: u64| start + ms(n);
+        let since = |instant: Instant| instant.duration_since(start).as_millis() as u64;
+        let mut lease = Lease::new(rules(), start);
+        for &(t, input, expected) in script {
+            let now = at(t);
+            let actions = match input {
+                Metrics(role, term, millis_since_quorum_ack) => lease.on_metrics(
+                    now,
+                    MetricsView {
+                        role,
+                        term,
+                        millis_since_quorum_ack,
+                    },
+                ),
+                Ack { term, sent_at } => lease.on_quorum_ack(now, term, at(sent_at)),
+                Blank(term) => lease.on_blank_applied(now, term),
+                Contact(received_at) => {
+                    lease.on_leader_contact(now, at(received_at));
+                    Vec::new()
+                }
+                Tick => lease.on_tick(now),
+                Serves(answer) => {
+                    assert_eq!(lease.may_serve(now), answer, "may_serve at {t} ms");
+                    Vec::new()
+                }
+                NextDeadline(deadline) => {
+                    assert_eq!(
+                        lease.next_deadline().map(since),
+                        deadline,
+                        "next deadline at {t} ms"
+                    );
+                    Vec::new()
+                }
+            };
+            let actions: Vec<Out> = actions
+                .into_iter()
+                .map(|action| match action {
+                    Action::Promote {
+                        at,
+                        last_leader_contact,
+                    } => Promote {
+                        at: since(at),
+                        contact: since(last_leader_contact),
+                    },
+                    Action::Demote => Demote,
+                    Action::ProposeCheckpoint => Checkpoint,
+                    Action::PauseExpiry => Pause,
+                    Action::ResumeExpiry => Resume,
+                })
+                .collect();
+            assert_eq!(actions, expected, "actions of {input:?} at {t} ms");
+            lease.check_invariants();
+        }
+    }
+
+    #[test]
+    fn a_leader_without_a_fresh_quorum_ack_refuses_to_serve() {
+        check(&[
+            (0, Metrics(Leader, 1, None), &[]),
+            (0, Blank(1), &[Promote { at: 0, contact: 0 }]),
+            (0, Serves(Err(NoQuorum)), &[]),
+            // The network's estimate alone is not enough: both are needed.
+            (
+                100,
+                Ack {
+                    term: 1,
+                    sent_at: 90,
+                },
+                &[],
+            ),
+            (100, Serves(Err(NoQuorum)), &[]),
+            (120, Metrics(Leader, 1, Some(20)), &[Resume]),
+            (889, Serves(Ok(())), &[]),
+            (890, Serves(Err(NoQuorum)), &[]),
+            (890, Tick, &[Checkpoint, Pause]),
+            (900, Metrics(Leader, 1, Some(5)), &[]),
+            (900, Serves(Err(NoQuorum)), &[]),
+            (
+                950,
+                Ack {
+                    term: 1,
+                    sent_at: 940,
+                },
+                &[Resume],
+            ),
+        ]);
+    }
+
+    #[test]
+    fn a_leader_serves_only_after_the_blank_entry_of_its_own_term() {
+        check(&[
+            (0, Metrics(Leader, 2, Some(0)), &[]),
+            (
+                0,
+                Ack {
+                    term: 2,
+                    sent_at: 0,
+                },
+                &[],
+            ),
+            (0, Serves(Err(NotPromoted)), &[]),
+            (0, NextDeadline(None), &[]),
+            (50, Blank(1), &[]),
+            (50, Serves(Err(NotPromoted)), &[]),
+            (60, Blank(2), &[Promote { at: 60, contact: 0 }, Resume]),
+            (60, Serves(Ok(())), &[]),
+            (70, Blank(2), &[]),
+        ]);
+    }
+
+    #[test]
+    fn a_blank_applied_before_the_metrics_show_the_leadership_promotes_when_they_do() {
+        check(&[
+            (0, Metrics(Candidate, 3, None), &[]),
+            (10, Blank(3), &[]),
+            (10, Serves(Err(NotLeader)), &[]),
+            (
+                20,
+                Metrics(Leader, 3, Some(0)),
+                &[Promote { at: 20, contact: 0 }],
+            ),
+            (
+                20,
+                Ack {
+                    term: 3,
+                    sent_at: 20,
+                },
+                &[Resume],
+            ),
+        ]);
+    }
+
+    #[test]
+    fn the_earlier_of_the_two_acknowledgments_sets_the_fence() {
+        check(&[
+            (0, Metrics(Leader, 1, Some(0)), &[]),
+            (0, Blank(1), &[Promote { at: 0, contact: 0 }]),
+            (
+                500,
+                Ack {
+                    term: 1,
+                    sent_at: 500,
+                },
+                &[Resume],
+            ),
+            (799, Serves(Ok(())), &[]), // the metrics' 0, not the network's 500
+            (800, Serves(Err(NoQuorum)), &[]),
+            (800, Tick, &[Checkpoint, Pause]),
+            (900, Metrics(Leader, 1, Some(100)), &[Resume]),
+            (1299, Serves(Ok(())), &[]), // now the network's 500, not the metrics' 800
+            (1300, Serves(Err(NoQuorum)), &[]),
+            // A later reading replaces an earlier one, even when it is older.
+            (
+                1400,
+                Ack {
+                    term: 1,
+                    sent_at: 1400,
+                },
+                &[],
+            ),
+            (1400, Metrics(Leader, 1, Some(700)), &[]),
+            (1499, Serves(Ok(())), &[]),
+            (1500, Serves(Err(NoQuorum)), &[]),
+        ]);
+    }
+
+    #[test]
+    fn an_acknowledgment_of_another_term_or_from_the_future_counts_for_no_more_than_now() {
+        check(&[
+            (0, Metrics(Leader, 2, Some(0)), &[]),
+            (0, Blank(2), &[Promote { at: 0, contact: 0 }]),
+            (
+                10,
+                Ack {
+                    term: 1,
+                    sent_at: 10,
+                },
+                &[],
+            ),
+            (10, Serves(Err(NoQuorum)), &[]),
+            (
+                20,
+                Ack {
+                    term: 3,
+                    sent_at: 20,
+                },
+                &[],
+            ),
+            (20, Serves(Err(NoQuorum)), &[]),
+            (1000, Metrics(Leader, 2, Some(0)), &[]),
+            (
+                1000,
+                Ack {
+                    term: 2,
+                    sent_at: 5000,
+                },
+                &[Resume],
+            ),
+            (1799, Serves(Ok(())), &[]),
+            (1800, Serves(Err(NoQuorum)), &[]),
+        ]);
+    }
+
+    #[test]
+    fn checkpoints_come_every_interval_while_promoted_and_one_for_a_late_tick() {
+        check(&[
+            (0, Metrics(Leader, 1, Some(0)), &[]),
+            (
+                0,
+                Ack {
+                    term: 1,
+                    sent_at: 0,
+                },
+                &[],
+            ),
+            (100, Tick, &[]),
+            (100, NextDeadline(None), &[]),
+            (
+                100,
+                Blank(1),
+                &[
+                    Promote {
+                        at: 100,
+                        contact: 0,
+                    },
+                    Resume,
+                ],
+            ),
+            (100, NextDeadline(Some(350)), &[]),
+            (349, Tick, &[]),
+            (350, Tick, &[Checkpoint]),
+            (599, Tick, &[]),
+            (600, Tick, &[Checkpoint]),
+            (600, NextDeadline(Some(800)), &[]), // the fence ends before the next checkpoint
+            (700, Metrics(Leader, 1, Some(0)), &[]),
+            (
+                700,
+                Ack {
+                    term: 1,
+                    sent_at: 700,
+                },
+                &[],
+            ),
+            // Late by two intervals: one checkpoint, the next an interval from now.
+            (1400, Tick, &[Checkpoint]),
+            (1400, NextDeadline(Some(1500)), &[]),
+            (1500, Tick, &[Pause]),
+            // Fenced, still checkpointing: what it renewed before should reach the log.
+            (1500, NextDeadline(Some(1650)), &[]),
+            (1649, Tick, &[]),
+            (1650, Tick, &[Checkpoint]),
+        ]);
+    }
+
+    #[test]
+    fn losing_leadership_pauses_expiry_and_clears_the_leader_state() {
+        check(&[
+            (0, Metrics(Leader, 1, Some(0)), &[]),
+            (
+                0,
+                Ack {
+                    term: 1,
+                    sent_at: 0,
+                },
+                &[],
+            ),
+            (0, Blank(1), &[Promote { at: 0, contact: 0 }, Resume]),
+            (100, Metrics(Follower, 2, None), &[Pause, Demote]),
+            (100, Serves(Err(NotLeader)), &[]),
+            (100, NextDeadline(None), &[]),
+            (350, Tick, &[]),
+            // Elected again: nothing of the last term carries over, not the promotion, not
+            // the acknowledgments, not the checkpoint schedule.
+            (2000, Metrics(Leader, 3, None), &[]),
+            (
+                2000,
+                Ack {
+                    term: 1,
+                    sent_at: 2000,
+                },
+                &[],
+            ),
+            (2000, Serves(Err(NotPromoted)), &[]),
+            (2250, Tick, &[]),
+            // The demoted node was the last leader it knew: it counts from its demotion.
+            (
+                2300,
+                Blank(3),
+                &[Promote {
+                    at: 2300,
+                    contact: 100,
+                }],
+            ),
+            (2300, Serves(Err(NoQuorum)), &[]),
+            (2300, Metrics(Leader, 3, Some(0)), &[]),
+            (
+                2300,
+                Ack {
+                    term: 3,
+                    sent_at: 2300,
+                },
+                &[Resume],
+            ),
+        ]);
+    }
+
+    #[test]
+    fn a_newer_term_ends_the_old_leadership_even_when_leading_again() {
+        check(&[
+            (0, Metrics(Leader, 1, Some(0)), &[]),
+            (
+                0,
+                Ack {
+                    term: 1,
+                    sent_at: 0,
+                },
+                &[],
+            ),
+            (0, Blank(1), &[Promote { at: 0, contact: 0 }, Resume]),
+            (100, Metrics(Leader, 2, Some(0)), &[Pause, Demote]),
+            (100, Serves(Err(NotPromoted)), &[]),
+            (
+                100,
+                Ack {
+                    term: 2,
+                    sent_at: 100,
+                },
+                &[],
+            ),
+            (
+                200,
+                Blank(2),
+                &[
+                    Promote {
+                        at: 200,
+                        contact: 100,
+                    },
+                    Resume,
+                ],
+            ),
+        ]);
+    }
+
+    #[test]
+    fn a_stale_reading_of_an_older_term_is_ignored() {
+        check(&[
+            (0, Metrics(Leader, 2, Some(0)), &[]),
+            (
+                0,
+                Ack {
+                    term: 2,
+                    sent_at: 0,
+                },
+                &[],
+            ),
+            (0, Blank(2), &[Promote { at: 0, contact: 0 }, Resume]),
+            (100, Metrics(Follower, 1, None), &[]),
+            (100, Serves(Ok(())), &[]),
+        ]);
+    }
+
+    #[test]
+    fn promotion_counts_from_the_last_contact_with_a_leader() {
+        check(&[
+            (0, Metrics(Follower, 1, None), &[]),
+            (100, Contact(90), &[]),
+            (200, Contact(150), &[]),
+            (250, Contact(120), &[]), // reported late: the newest contact stays
+            (300, Contact(900), &[]), // not later than its report
+            (1200, Metrics(Candidate, 2, None), &[]),
+            (1500, Metrics(Leader, 2, Some(0)), &[]),
+            (1500, Contact(1500), &[]), // its own leadership is no contact with a previous one
+            (
+                1510,
+                Blank(2),
+                &[Promote {
+                    at: 1510,
+                    contact: 300,
+                }],
+            ),
+        ]);
+    }
+
+    #[test]
+    fn a_node_that_never_heard_from_a_leader_counts_from_its_start() {
+        check(&[
+            (2000, Metrics(Leader, 1, Some(0)), &[]),
+            (
+                2000,
+                Blank(1),
+                &[Promote {
+                    at: 2000,
+                    contact: 0,
+                }],
+            ),
+        ]);
     }
 }

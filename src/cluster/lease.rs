@@ -21,7 +21,8 @@
 //!    is the key's remaining time as of `last_leader_contact`. The blank may be applied before
 //!    the metrics show this node as leader of that term; the term is remembered, so the
 //!    promotion then happens as soon as they do (one leader per term: a blank of term `T`
-//!    applied here and this node leading `T` means the blank is its own).
+//!    applied here and this node leading `T` means the blank is its own). The blank of a later
+//!    term counts as well: the log applies in order, so `T`'s was applied before it.
 //! 3. **Fencing**: [`Lease::may_serve`] (renewals, expiry proposals, linearizable reads) holds
 //!    only while the node leads, is promoted in its current term, and `now < quorum_ack + fence`.
 //!    `quorum_ack` is the *earlier* of two estimates of the newest send instant a quorum
@@ -437,16 +438,23 @@ impl Lease {
     pub fn on_metrics(&mut self, now: Instant, view: MetricsView) -> Vec<Action> {
         let now = self.advance(now);
         let mut actions = Vec::new();
-        if view.term < self.term {
-            return actions; // stale: a newer term was seen already
+        // A reading of an older term than one seen is stale; time still passes with it.
+        if view.term >= self.term {
+            self.apply_view(now, view, &mut actions);
         }
+        self.sync_expiry(now, &mut actions);
+        actions
+    }
+
+    /// Leadership gained, kept or lost, by a reading of the newest term.
+    fn apply_view(&mut self, now: Instant, view: MetricsView, actions: &mut Vec<Action>) {
         self.term = view.term;
         let leads_this_term = view.role == RaftRole::Leader;
         if self
             .leader
             .is_some_and(|leader| !leads_this_term || leader.term != view.term)
         {
-            self.demote(now, &mut actions);
+            self.demote(now, actions);
         }
         if leads_this_term {
             let leader = self.leader.get_or_insert(LeaderState {
@@ -459,10 +467,8 @@ impl Lease {
             leader.metrics_ack = view
                 .millis_since_quorum_ack
                 .and_then(|ms| now.checked_sub(Duration::from_millis(ms)));
-            self.promote_if_due(now, &mut actions);
+            self.promote_if_due(now, actions);
         }
-        self.sync_expiry(now, &mut actions);
-        actions
     }
 
     /// Our network saw a quorum acknowledge the requests this node sent at `sent_at` as leader
@@ -479,12 +485,16 @@ impl Lease {
     }
 
     /// This node accepted an AppendEntries from the leader at `received_at`. Ignored while it
-    /// leads: its own leadership is not contact with a previous leader.
-    pub fn on_leader_contact(&mut self, now: Instant, received_at: Instant) {
+    /// leads: its own leadership is not contact with a previous leader. (Time passes with it,
+    /// so a leader's fence may have run out: hence actions, like every call given `now`.)
+    pub fn on_leader_contact(&mut self, now: Instant, received_at: Instant) -> Vec<Action> {
         let now = self.advance(now);
+        let mut actions = Vec::new();
         if self.leader.is_none() {
             self.last_leader_contact = self.last_leader_contact.max(received_at.min(now));
         }
+        self.sync_expiry(now, &mut actions);
+        actions
     }
 
     /// The blank entry of `entry_term` was applied here: everything committed before that term
@@ -572,7 +582,9 @@ impl Lease {
     fn promote_if_due(&mut self, now: Instant, actions: &mut Vec<Action>) {
         let blank_applied_term = self.blank_applied_term;
         if let Some(leader) = self.leader.as_mut() {
-            if leader.promotion.is_none() && blank_applied_term == Some(leader.term) {
+            // A later term's blank counts too: the log applies in order, so the blank of this
+            // term was applied before it.
+            if leader.promotion.is_none() && blank_applied_term >= Some(leader.term) {
                 leader.promotion = Some(Promotion {
                     at: now,
                     last_checkpoint: now,
@@ -839,10 +851,7 @@ mod tests {
                 ),
                 Ack { term, sent_at } => lease.on_quorum_ack(now, term, at(sent_at)),
                 Blank(term) => lease.on_blank_applied(now, term),
-                Contact(received_at) => {
-                    lease.on_leader_contact(now, at(received_at));
-                    Vec::new()
-                }
+                Contact(received_at) => lease.on_leader_contact(now, at(received_at)),
                 Tick => lease.on_tick(now),
                 Serves(answer) => {
                     assert_eq!(lease.may_serve(now), answer, "may_serve at {t} ms");
@@ -1219,5 +1228,320 @@ mod tests {
                 }],
             ),
         ]);
+    }
+
+    // The model test: random runs against a reference that keeps the history (readings,
+    // acknowledgments, blanks, contacts, by step) and derives from it what the rules allow.
+
+    #[derive(Clone, Copy, Debug)]
+    enum Step {
+        /// A metrics reading of the current term moved by `term_offset` (-1: a stale one).
+        Metrics {
+            role: RaftRole,
+            term_offset: i8,
+            ack_age_ms: Option<u64>,
+        },
+        /// A quorum acknowledgment for the current term moved by `term_offset`, of a request
+        /// sent `sent_offset_ms` from now (positive: reported ahead of now).
+        Ack {
+            term_offset: i8,
+            sent_offset_ms: i64,
+        },
+        Blank {
+            term_offset: i8,
+        },
+        Contact {
+            received_offset_ms: i64,
+        },
+        Tick,
+        Advance(u64),
+        /// No input: `may_serve` at `now + ms` must match the reference.
+        Probe(u64),
+    }
+
+    fn model_step() -> impl Strategy<Value = Step> {
+        let role = prop_oneof![
+            3 => Just(Leader),
+            2 => Just(Follower),
+            1 => Just(Candidate),
+            1 => Just(Learner),
+        ];
+        prop_oneof![
+            3 => (role, -1i8..=1, proptest::option::weighted(0.8, 0u64..1200)).prop_map(
+                |(role, term_offset, ack_age_ms)| Step::Metrics { role, term_offset, ack_age_ms }
+            ),
+            4 => (-1i8..=1, -1200i64..=100)
+                .prop_map(|(term_offset, sent_offset_ms)| Step::Ack { term_offset, sent_offset_ms }),
+            2 => (-1i8..=1).prop_map(|term_offset| Step::Blank { term_offset }),
+            1 => (-300i64..=100).prop_map(|received_offset_ms| Step::Contact { received_offset_ms }),
+            3 => Just(Step::Tick),
+            4 => (0u64..400).prop_map(Step::Advance),
+            2 => (0u64..1000).prop_map(Step::Probe),
+        ]
+    }
+
+    /// `now` moved by a signed number of milliseconds.
+    fn shifted(now: Instant, offset_ms: i64) -> Instant {
+        if offset_ms >= 0 {
+            now + ms(offset_ms as u64)
+        } else {
+            now - ms(offset_ms.unsigned_abs())
+        }
+    }
+
+    /// The reference: what happened, and what the rules say it allows.
+    struct Reference {
+        rules: LeaseRules,
+        /// The newest term the metrics showed.
+        term: u64,
+        /// The current leadership: its term and the step it began at.
+        leading: Option<(u64, usize)>,
+        /// Every metrics reading that showed this node leading: step, term, implied ack.
+        readings: Vec<(usize, u64, Option<Instant>)>,
+        /// Every network acknowledgment: step, term, send instant (at most its report).
+        acks: Vec<(usize, u64, Instant)>,
+        /// Every term whose blank was applied.
+        blanks: Vec<u64>,
+        /// The promotion of the current leadership.
+        promoted_at: Option<Instant>,
+        /// The checkpoints of the current leadership.
+        checkpoints: Vec<Instant>,
+        last_contact: Instant,
+        expiry_running: bool,
+    }
+
+    impl Reference {
+        /// The newest acknowledgment our network reported for the current leadership.
+        fn network_ack(&self) -> Option<Instant> {
+            let (term, began) = self.leading?;
+            self.acks
+                .iter()
+                .filter(|&&(step, ack_term, _)| step > began && ack_term == term)
+                .map(|&(_, _, sent_at)| sent_at)
+                .max()
+        }
+
+        /// The latest reading's acknowledgment for the current leadership.
+        fn metrics_ack(&self) -> Option<Instant> {
+            let (term, began) = self.leading?;
+            self.readings
+                .iter()
+                .rev()
+                .find(|&&(step, reading_term, _)| step >= began && reading_term == term)?
+                .2
+        }
+
+        fn quorum_ack(&self) -> Option<Instant> {
+            Some(self.metrics_ack()?.min(self.network_ack()?))
+        }
+
+        fn may_serve(&self, now: Instant) -> bool {
+            self.promoted_at.is_some()
+                && self
+                    .quorum_ack()
+                    .is_some_and(|ack| now < ack + self.rules.fence())
+        }
+
+        fn promote_if_due(&mut self, now: Instant, expected: &mut Vec<Action>) {
+            let Some((term, _)) = self.leading else {
+                return;
+            };
+            // The blank of `term`, or of a later term (the log applies in order).
+            if self.promoted_at.is_none() && self.blanks.iter().any(|&blank| blank >= term) {
+                self.promoted_at = Some(now);
+                expected.push(Action::Promote {
+                    at: now,
+                    last_leader_contact: self.last_contact,
+                });
+            }
+        }
+
+        fn sync_expiry(&mut self, now: Instant, expected: &mut Vec<Action>) {
+            let serving = self.may_serve(now);
+            if serving != self.expiry_running {
+                self.expiry_running = serving;
+                expected.push(if serving {
+                    Action::ResumeExpiry
+                } else {
+                    Action::PauseExpiry
+                });
+            }
+        }
+
+        /// Applies `step` (number `index`) at `now`; the actions the rules call for.
+        fn apply(&mut self, index: usize, now: Instant, step: Step) -> Vec<Action> {
+            let mut expected = Vec::new();
+            match step {
+                Step::Metrics {
+                    role,
+                    term_offset,
+                    ack_age_ms,
+                } => {
+                    let term = self.term.saturating_add_signed(term_offset.into());
+                    if term < self.term {
+                        self.sync_expiry(now, &mut expected);
+                        return expected; // stale: time passes, nothing else
+                    }
+                    self.term = term;
+                    let leads = role == Leader;
+                    if self.leading.is_some_and(|(led, _)| !leads || led != term) {
+                        if self.expiry_running {
+                            self.expiry_running = false;
+                            expected.push(Action::PauseExpiry);
+                        }
+                        expected.push(Action::Demote);
+                        self.leading = None;
+                        self.promoted_at = None;
+                        self.checkpoints.clear();
+                        self.last_contact = now;
+                    }
+                    if leads {
+                        self.leading.get_or_insert((term, index));
+                        let ack = ack_age_ms.and_then(|age| now.checked_sub(ms(age)));
+                        self.readings.push((index, term, ack));
+                        self.promote_if_due(now, &mut expected);
+                    }
+                }
+                Step::Ack {
+                    term_offset,
+                    sent_offset_ms,
+                } => {
+                    let term = self.term.saturating_add_signed(term_offset.into());
+                    let sent_at = shifted(now, sent_offset_ms).min(now);
+                    self.acks.push((index, term, sent_at));
+                }
+                Step::Blank { term_offset } => {
+                    self.blanks
+                        .push(self.term.saturating_add_signed(term_offset.into()));
+                    self.promote_if_due(now, &mut expected);
+                }
+                Step::Contact { received_offset_ms } => {
+                    if self.leading.is_none() {
+                        let received_at = shifted(now, received_offset_ms).min(now);
+                        self.last_contact = self.last_contact.max(received_at);
+                    }
+                }
+                Step::Advance(_) | Step::Probe(_) => unreachable!("not an input"),
+                Step::Tick => {
+                    if let Some(promoted_at) = self.promoted_at {
+                        let last = self.checkpoints.last().copied().unwrap_or(promoted_at);
+                        if now >= last + self.rules.checkpoint_interval() {
+                            self.checkpoints.push(now);
+                            expected.push(Action::ProposeCheckpoint);
+                        }
+                    }
+                }
+            }
+            self.sync_expiry(now, &mut expected);
+            expected
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Whatever Raft reports and in whatever order, the lease answers what the reference
+        /// derives from the history, and the rules' promises hold after every step.
+        #[test]
+        fn random_runs_keep_the_lease_rules(steps in proptest::collection::vec(model_step(), 1..150)) {
+            let rules = rules();
+            let start = Instant::now();
+            let mut now = start;
+            let mut lease = Lease::new(rules, start);
+            let mut reference = Reference {
+                rules,
+                term: 0,
+                leading: None,
+                readings: Vec::new(),
+                acks: Vec::new(),
+                blanks: Vec::new(),
+                promoted_at: None,
+                checkpoints: Vec::new(),
+                last_contact: start,
+                expiry_running: false,
+            };
+            for (index, step) in steps.into_iter().enumerate() {
+                let was_leading = reference.leading.is_some();
+                let actions = match step {
+                    Step::Advance(n) => {
+                        now += ms(n);
+                        None
+                    }
+                    Step::Probe(n) => {
+                        let at = now + ms(n);
+                        prop_assert_eq!(lease.may_serve(at).is_ok(), reference.may_serve(at), "probe {} ms ahead", n);
+                        None
+                    }
+                    Step::Contact { received_offset_ms } => {
+                        let actions = lease.on_leader_contact(now, shifted(now, received_offset_ms));
+                        Some((actions, reference.apply(index, now, step)))
+                    }
+                    Step::Metrics { role, term_offset, ack_age_ms } => {
+                        let term = reference.term.saturating_add_signed(term_offset.into());
+                        // A node that does not lead wins a new term, never the one it follows.
+                        let term = if role == Leader && term == reference.term
+                            && reference.leading.is_none_or(|(led, _)| led != term)
+                        {
+                            term + 1
+                        } else {
+                            term
+                        };
+                        let step = Step::Metrics {
+                            role,
+                            term_offset: (term as i64 - reference.term as i64) as i8,
+                            ack_age_ms,
+                        };
+                        let view = MetricsView { role, term, millis_since_quorum_ack: ack_age_ms };
+                        Some((lease.on_metrics(now, view), reference.apply(index, now, step)))
+                    }
+                    Step::Ack { term_offset, sent_offset_ms } => {
+                        let term = reference.term.saturating_add_signed(term_offset.into());
+                        let actions = lease.on_quorum_ack(now, term, shifted(now, sent_offset_ms));
+                        Some((actions, reference.apply(index, now, step)))
+                    }
+                    Step::Blank { term_offset } => {
+                        let term = reference.term.saturating_add_signed(term_offset.into());
+                        Some((lease.on_blank_applied(now, term), reference.apply(index, now, step)))
+                    }
+                    Step::Tick => Some((lease.on_tick(now), reference.apply(index, now, step))),
+                };
+                if let Some((actions, expected)) = actions {
+                    prop_assert_eq!(&actions, &expected, "step {}: {:?}", index, step);
+                }
+                lease.check_invariants();
+
+                // The same state as the reference...
+                let serving = lease.may_serve(now).is_ok();
+                prop_assert_eq!(serving, reference.may_serve(now));
+                prop_assert_eq!(lease.is_leader(), reference.leading.is_some());
+                prop_assert_eq!(lease.promoted_at(), reference.promoted_at);
+                prop_assert_eq!(lease.quorum_ack(), reference.quorum_ack());
+                // ... and the promises, stated on the history alone.
+                if serving {
+                    // Never past a quorum acknowledgment + fence, for either estimate.
+                    let network = reference.network_ack().expect("serving without a network ack");
+                    let metrics = reference.metrics_ack().expect("serving without a metrics ack");
+                    prop_assert!(now < network + rules.fence() && now < metrics + rules.fence());
+                    // Never before the promotion of the current term.
+                    let (term, _) = reference.leading.expect("serving without leading");
+                    prop_assert!(reference.blanks.iter().any(|&blank| blank >= term));
+                }
+                // Checkpoints only while promoted, at most one per interval.
+                if let Some(first) = reference.checkpoints.first() {
+                    let promoted_at = reference.promoted_at.expect("a checkpoint while unpromoted");
+                    prop_assert!(*first >= promoted_at + rules.checkpoint_interval());
+                }
+                for pair in reference.checkpoints.windows(2) {
+                    prop_assert!(pair[1] >= pair[0] + rules.checkpoint_interval());
+                }
+                // Demotion clears everything.
+                if was_leading && reference.leading.is_none() {
+                    prop_assert_eq!(lease.next_deadline(), None);
+                    prop_assert_eq!(lease.promoted_at(), None);
+                    prop_assert_eq!(lease.quorum_ack(), None);
+                    prop_assert!(lease.may_serve(now).is_err());
+                }
+            }
+        }
     }
 }

@@ -361,6 +361,7 @@ struct Promotion {
 /// treated as that one (time never goes back here).
 #[derive(Clone, Debug)]
 pub struct Lease {
+    /// The validated settings: interval, grace, fence.
     rules: LeaseRules,
     /// The newest instant given to any call.
     now: Instant,
@@ -796,11 +797,8 @@ mod tests {
     enum In {
         /// A metrics reading: role, term, `millis_since_quorum_ack`.
         Metrics(RaftRole, u64, Option<u64>),
-        /// Our network: a quorum acknowledged what was sent at `sent_at` (ms) in `term`.
-        Ack {
-            term: u64,
-            sent_at: u64,
-        },
+        /// Our network: a quorum acknowledged, in a term, what was sent at a millisecond.
+        Ack(u64, u64),
         /// The blank entry of this term was applied.
         Blank(u64),
         /// An AppendEntries from the leader was accepted at this millisecond.
@@ -849,7 +847,7 @@ mod tests {
                         millis_since_quorum_ack,
                     },
                 ),
-                Ack { term, sent_at } => lease.on_quorum_ack(now, term, at(sent_at)),
+                Ack(term, sent_at) => lease.on_quorum_ack(now, term, at(sent_at)),
                 Blank(term) => lease.on_blank_applied(now, term),
                 Contact(received_at) => lease.on_leader_contact(now, at(received_at)),
                 Tick => lease.on_tick(now),
@@ -894,14 +892,7 @@ mod tests {
             (0, Blank(1), &[Promote { at: 0, contact: 0 }]),
             (0, Serves(Err(NoQuorum)), &[]),
             // The network's estimate alone is not enough: both are needed.
-            (
-                100,
-                Ack {
-                    term: 1,
-                    sent_at: 90,
-                },
-                &[],
-            ),
+            (100, Ack(1, 90), &[]),
             (100, Serves(Err(NoQuorum)), &[]),
             (120, Metrics(Leader, 1, Some(20)), &[Resume]),
             (889, Serves(Ok(())), &[]),
@@ -909,14 +900,7 @@ mod tests {
             (890, Tick, &[Checkpoint, Pause]),
             (900, Metrics(Leader, 1, Some(5)), &[]),
             (900, Serves(Err(NoQuorum)), &[]),
-            (
-                950,
-                Ack {
-                    term: 1,
-                    sent_at: 940,
-                },
-                &[Resume],
-            ),
+            (950, Ack(1, 940), &[Resume]),
         ]);
     }
 
@@ -924,14 +908,7 @@ mod tests {
     fn a_leader_serves_only_after_the_blank_entry_of_its_own_term() {
         check(&[
             (0, Metrics(Leader, 2, Some(0)), &[]),
-            (
-                0,
-                Ack {
-                    term: 2,
-                    sent_at: 0,
-                },
-                &[],
-            ),
+            (0, Ack(2, 0), &[]),
             (0, Serves(Err(NotPromoted)), &[]),
             (0, NextDeadline(None), &[]),
             (50, Blank(1), &[]),
@@ -953,14 +930,7 @@ mod tests {
                 Metrics(Leader, 3, Some(0)),
                 &[Promote { at: 20, contact: 0 }],
             ),
-            (
-                20,
-                Ack {
-                    term: 3,
-                    sent_at: 20,
-                },
-                &[Resume],
-            ),
+            (20, Ack(3, 20), &[Resume]),
         ]);
     }
 
@@ -969,14 +939,7 @@ mod tests {
         check(&[
             (0, Metrics(Leader, 1, Some(0)), &[]),
             (0, Blank(1), &[Promote { at: 0, contact: 0 }]),
-            (
-                500,
-                Ack {
-                    term: 1,
-                    sent_at: 500,
-                },
-                &[Resume],
-            ),
+            (500, Ack(1, 500), &[Resume]),
             (799, Serves(Ok(())), &[]), // the metrics' 0, not the network's 500
             (800, Serves(Err(NoQuorum)), &[]),
             (800, Tick, &[Checkpoint, Pause]),
@@ -984,14 +947,7 @@ mod tests {
             (1299, Serves(Ok(())), &[]), // now the network's 500, not the metrics' 800
             (1300, Serves(Err(NoQuorum)), &[]),
             // A later reading replaces an earlier one, even when it is older.
-            (
-                1400,
-                Ack {
-                    term: 1,
-                    sent_at: 1400,
-                },
-                &[],
-            ),
+            (1400, Ack(1, 1400), &[]),
             (1400, Metrics(Leader, 1, Some(700)), &[]),
             (1499, Serves(Ok(())), &[]),
             (1500, Serves(Err(NoQuorum)), &[]),
@@ -1003,33 +959,12 @@ mod tests {
         check(&[
             (0, Metrics(Leader, 2, Some(0)), &[]),
             (0, Blank(2), &[Promote { at: 0, contact: 0 }]),
-            (
-                10,
-                Ack {
-                    term: 1,
-                    sent_at: 10,
-                },
-                &[],
-            ),
+            (10, Ack(1, 10), &[]),
             (10, Serves(Err(NoQuorum)), &[]),
-            (
-                20,
-                Ack {
-                    term: 3,
-                    sent_at: 20,
-                },
-                &[],
-            ),
+            (20, Ack(3, 20), &[]),
             (20, Serves(Err(NoQuorum)), &[]),
             (1000, Metrics(Leader, 2, Some(0)), &[]),
-            (
-                1000,
-                Ack {
-                    term: 2,
-                    sent_at: 5000,
-                },
-                &[Resume],
-            ),
+            (1000, Ack(2, 5000), &[Resume]),
             (1799, Serves(Ok(())), &[]),
             (1800, Serves(Err(NoQuorum)), &[]),
         ]);
@@ -1039,14 +974,7 @@ mod tests {
     fn checkpoints_come_every_interval_while_promoted_and_one_for_a_late_tick() {
         check(&[
             (0, Metrics(Leader, 1, Some(0)), &[]),
-            (
-                0,
-                Ack {
-                    term: 1,
-                    sent_at: 0,
-                },
-                &[],
-            ),
+            (0, Ack(1, 0), &[]),
             (100, Tick, &[]),
             (100, NextDeadline(None), &[]),
             (
@@ -1067,14 +995,7 @@ mod tests {
             (600, Tick, &[Checkpoint]),
             (600, NextDeadline(Some(800)), &[]), // the fence ends before the next checkpoint
             (700, Metrics(Leader, 1, Some(0)), &[]),
-            (
-                700,
-                Ack {
-                    term: 1,
-                    sent_at: 700,
-                },
-                &[],
-            ),
+            (700, Ack(1, 700), &[]),
             // Late by two intervals: one checkpoint, the next an interval from now.
             (1400, Tick, &[Checkpoint]),
             (1400, NextDeadline(Some(1500)), &[]),
@@ -1090,14 +1011,7 @@ mod tests {
     fn losing_leadership_pauses_expiry_and_clears_the_leader_state() {
         check(&[
             (0, Metrics(Leader, 1, Some(0)), &[]),
-            (
-                0,
-                Ack {
-                    term: 1,
-                    sent_at: 0,
-                },
-                &[],
-            ),
+            (0, Ack(1, 0), &[]),
             (0, Blank(1), &[Promote { at: 0, contact: 0 }, Resume]),
             (100, Metrics(Follower, 2, None), &[Pause, Demote]),
             (100, Serves(Err(NotLeader)), &[]),
@@ -1106,14 +1020,7 @@ mod tests {
             // Elected again: nothing of the last term carries over, not the promotion, not
             // the acknowledgments, not the checkpoint schedule.
             (2000, Metrics(Leader, 3, None), &[]),
-            (
-                2000,
-                Ack {
-                    term: 1,
-                    sent_at: 2000,
-                },
-                &[],
-            ),
+            (2000, Ack(1, 2000), &[]),
             (2000, Serves(Err(NotPromoted)), &[]),
             (2250, Tick, &[]),
             // The demoted node was the last leader it knew: it counts from its demotion.
@@ -1127,14 +1034,7 @@ mod tests {
             ),
             (2300, Serves(Err(NoQuorum)), &[]),
             (2300, Metrics(Leader, 3, Some(0)), &[]),
-            (
-                2300,
-                Ack {
-                    term: 3,
-                    sent_at: 2300,
-                },
-                &[Resume],
-            ),
+            (2300, Ack(3, 2300), &[Resume]),
         ]);
     }
 
@@ -1142,25 +1042,11 @@ mod tests {
     fn a_newer_term_ends_the_old_leadership_even_when_leading_again() {
         check(&[
             (0, Metrics(Leader, 1, Some(0)), &[]),
-            (
-                0,
-                Ack {
-                    term: 1,
-                    sent_at: 0,
-                },
-                &[],
-            ),
+            (0, Ack(1, 0), &[]),
             (0, Blank(1), &[Promote { at: 0, contact: 0 }, Resume]),
             (100, Metrics(Leader, 2, Some(0)), &[Pause, Demote]),
             (100, Serves(Err(NotPromoted)), &[]),
-            (
-                100,
-                Ack {
-                    term: 2,
-                    sent_at: 100,
-                },
-                &[],
-            ),
+            (100, Ack(2, 100), &[]),
             (
                 200,
                 Blank(2),
@@ -1179,14 +1065,7 @@ mod tests {
     fn a_stale_reading_of_an_older_term_is_ignored() {
         check(&[
             (0, Metrics(Leader, 2, Some(0)), &[]),
-            (
-                0,
-                Ack {
-                    term: 2,
-                    sent_at: 0,
-                },
-                &[],
-            ),
+            (0, Ack(2, 0), &[]),
             (0, Blank(2), &[Promote { at: 0, contact: 0 }, Resume]),
             (100, Metrics(Follower, 1, None), &[]),
             (100, Serves(Ok(())), &[]),

@@ -17,7 +17,8 @@
 //! - [`clock`]: monotonic epoch milliseconds and their display as wall time.
 //! - [`systemd`]: `READY=1` / `STOPPING=1` for a `Type=notify` unit.
 //! - [`cluster`]: cluster mode on openraft (issue 28), being built: so far the Raft storage
-//!   (log, state machine, snapshots), used only by its tests.
+//!   (log, state machine, snapshots) and the lease rules ([`cluster::lease`], pure), used only
+//!   by their tests.
 //! - [`cli`]: the operator's subcommands (`keys`, `events`, `guard`, ...), clients of a running
 //!   server through `ttlwheel-client`.
 //!

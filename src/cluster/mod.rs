@@ -1,7 +1,7 @@
 //! Cluster mode (issue 28, docs/cluster-design.md): ttlwheel replicated with openraft.
 //!
-//! **Not wired in yet.** This is step 1 of the design's order of work: the storage openraft
-//! runs on, with no network, no flags and no lease rules. Nothing outside this module and its
+//! **Not wired in yet.** Steps 1 and 2 of the design's order of work: the storage openraft runs
+//! on and the lease rules, with no network and no flags. Nothing outside this module and its
 //! tests uses it; a single node (every run today) never touches it. It is `pub` so the
 //! integration tests (`tests/it/cluster_storage.rs`, openraft's storage suite) can build it.
 //!
@@ -11,12 +11,15 @@
 //!   committed and purged ids), openraft's `RaftLogStorage`.
 //! - [`state_machine`]: applies committed entries through the registry's one door
 //!   (`Registry::restore`, as recovery does), openraft's `RaftStateMachine`.
+//! - [`lease`]: the lease rules (checkpoints, promotion, fencing, demotion), pure: given times
+//!   and what Raft reports, it says what to do.
 //! - [`snapshot`]: the snapshot file (the single-node snapshot's frames behind a header that
 //!   says which log id and membership it covers), its builder, reading it back.
 //!
 //! One error type, [`StoreError`], for the storage boundary; openraft gets it as its
 //! `StorageError` (the operation and subject it failed on, and this error's message).
 
+pub mod lease;
 pub mod log_store;
 pub mod snapshot;
 pub mod state_machine;

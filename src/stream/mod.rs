@@ -18,11 +18,11 @@
 //!   only on the run, the `seq` and the event).
 
 pub mod compact;
+pub mod wake;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
 use parking_lot::RwLock;
 use serde::Serialize;
@@ -41,10 +41,7 @@ pub const DEFAULT_RING: u64 = 65_536;
 /// (issue 27).
 pub const DEFAULT_RING_BYTES: u64 = 8 << 20;
 
-/// Readers are woken at most this often while events keep coming (the first event after a
-/// quiet spell wakes them at once). Why: every wake-up costs each connected client a task poll
-/// and a write; waking 1,000 clients per event is what made them cost 1 ms per heartbeat.
-pub const WAKE_INTERVAL: Duration = Duration::from_millis(10);
+pub use wake::WAKE_INTERVAL;
 
 /// Events examined per read, matched or not, so that one read holds the ring briefly.
 const SCAN_LIMIT: usize = 4096;
@@ -343,23 +340,25 @@ pub fn sse_frame(id: &str, event: &str, data: &str) -> Vec<u8> {
 }
 
 /// Drains the registry's bus into the ring as events come, calling `observe` on each event
-/// first (metrics), and wakes the readers at once after a quiet spell, else at most once per
-/// [`WAKE_INTERVAL`]. Events are appended at once all the same, so a client that connects
-/// starts after every event fed so far. Runs until the bus closes or the task is aborted.
+/// first (metrics), and wakes the readers when [`wake::WakePacer`] says: at once while events
+/// are sparse, at most once per [`WAKE_INTERVAL`] while they keep coming. Events are appended at
+/// once all the same, so a client that connects starts after every event fed so far. Runs until
+/// the bus closes or the task is aborted.
 pub async fn feed(mut events: EventReceiver, hub: Arc<EventHub>, observe: impl Fn(&Event)) {
     const BATCH: usize = 1024;
     let mut batch = Vec::with_capacity(BATCH);
-    let mut last_wake: Option<Instant> = None;
-    // Whether events were appended that readers were not told of.
-    let mut unannounced = false;
+    let mut pacer = wake::WakePacer::new(Instant::now());
+    // When the events appended and not yet announced must be (`None`: there are none).
+    let mut wake_at: Option<Instant> = None;
     struct Closed;
     loop {
-        let next = match last_wake {
-            Some(last_wake) if unannounced => tokio::select! {
+        let next = match wake_at {
+            Some(wake_at) if wake_at > Instant::now() => tokio::select! {
                 event = events.recv() => event.map(Some).ok_or(Closed),
-                () = tokio::time::sleep_until(last_wake + WAKE_INTERVAL) => Ok(None),
+                () = tokio::time::sleep_until(wake_at) => Ok(None),
             },
-            _ => events.recv().await.map(Some).ok_or(Closed),
+            Some(_) => Ok(None),
+            None => events.recv().await.map(Some).ok_or(Closed),
         };
         match next {
             Ok(Some(first)) => {
@@ -372,10 +371,8 @@ pub async fn feed(mut events: EventReceiver, hub: Arc<EventHub>, observe: impl F
                 }
                 batch.iter().for_each(&observe);
                 hub.append(batch.drain(..));
-                unannounced = true;
-                // Let other tasks run between batches (see `notify::dispatch`): a mass expiry
-                // is a million events.
-                tokio::task::yield_now().await;
+                let due = pacer.appended(Instant::now());
+                wake_at = Some(wake_at.map_or(due, |at| at.min(due)));
             }
             Ok(None) => {} // time to announce
             Err(Closed) => {
@@ -383,16 +380,21 @@ pub async fn feed(mut events: EventReceiver, hub: Arc<EventHub>, observe: impl F
                 return;
             }
         }
-        if unannounced && last_wake.is_none_or(|at| at + WAKE_INTERVAL <= Instant::now()) {
+        if wake_at.is_some_and(|at| at <= Instant::now()) {
             hub.wake();
-            last_wake = Some(Instant::now());
-            unannounced = false;
+            pacer.woke(Instant::now());
+            wake_at = None;
         }
+        // Let other tasks run between batches (see `notify::dispatch`): a mass expiry is a
+        // million events, and a receive only yields when tokio's budget runs out.
+        tokio::task::yield_now().await;
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::events::EventKind;
     use crate::types::Key;
@@ -536,30 +538,70 @@ mod tests {
         assert_eq!(text.matches("\n\n").count(), 1, "{text}");
     }
 
+    /// Paused time: the clock moves only when every task waits, so "at once" is "with no time
+    /// passing".
     #[tokio::test(start_paused = true)]
-    async fn the_feed_wakes_readers_at_once_then_at_most_once_per_interval() {
+    async fn the_feed_wakes_at_once_when_quiet_and_coalesces_a_burst() {
         let bus = crate::events::EventBus::default();
-        let hub = Arc::new(EventHub::new(100, usize::MAX));
+        let hub = Arc::new(EventHub::new(10_000, usize::MAX));
         let feeder = tokio::spawn(feed(bus.subscribe(), Arc::clone(&hub), |_| {}));
         let mut latest = hub.subscribe_latest();
-        bus.publish(vec![event(1)]);
-        latest.changed().await.unwrap();
-        assert_eq!(
-            *latest.borrow_and_update(),
-            1,
-            "the first event wakes at once"
-        );
-        let woken_at = Instant::now();
-        bus.publish(vec![event(2)]);
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        bus.publish(vec![event(3)]);
-        latest.changed().await.unwrap();
-        assert_eq!(*latest.borrow_and_update(), 3, "both events in one wake-up");
+        // Sparse events (one per 5 ms, 200 a second): each wakes the readers at once.
+        for n in 1..=20 {
+            let published_at = Instant::now();
+            bus.publish(vec![event(n)]);
+            latest.changed().await.unwrap();
+            assert_eq!(*latest.borrow_and_update(), n);
+            assert_eq!(published_at.elapsed(), Duration::ZERO, "event {n} waited");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // A burst (an event every millisecond, the timer's grain, for 100 ms): the first few
+        // wake at once, then the readers are woken once per interval with what gathered.
+        let burst_start = Instant::now();
+        let watcher = tokio::spawn({
+            let mut latest = hub.subscribe_latest();
+            async move {
+                let mut wakes = Vec::new();
+                while latest.changed().await.is_ok() {
+                    wakes.push((Instant::now(), *latest.borrow_and_update()));
+                    if wakes.last().is_some_and(|&(_, seq)| seq == 120) {
+                        break;
+                    }
+                }
+                wakes
+            }
+        });
+        for n in 21..=120 {
+            bus.publish(vec![event(n)]);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let wakes = watcher.await.unwrap();
+        let at_once = wake::BUSY_APPENDS as usize;
+        for (i, &(at, seq)) in wakes[..at_once].iter().enumerate() {
+            let expected = (Duration::from_millis(i as u64), 21 + i as u64);
+            assert_eq!((at - burst_start, seq), expected, "{wakes:?}");
+        }
+        let coalesced = &wakes[at_once..];
         assert!(
-            woken_at.elapsed() >= WAKE_INTERVAL,
-            "{:?}",
-            woken_at.elapsed()
+            coalesced
+                .windows(2)
+                .all(|w| w[1].0 - w[0].0 >= WAKE_INTERVAL),
+            "{wakes:?}"
         );
+        assert!(coalesced.len() <= 100 / 10 + 1, "{wakes:?}");
+        let burst_end = burst_start + Duration::from_millis(100);
+        assert!(
+            wakes.last().unwrap().0 <= burst_end + WAKE_INTERVAL,
+            "the last event is announced within an interval"
+        );
+        // After a quiet spell, the next event wakes at once again.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        latest.borrow_and_update();
+        let published_at = Instant::now();
+        bus.publish(vec![event(121)]);
+        latest.changed().await.unwrap();
+        assert_eq!(*latest.borrow_and_update(), 121);
+        assert_eq!(published_at.elapsed(), Duration::ZERO);
         feeder.abort();
     }
 

@@ -15,8 +15,8 @@
 //!   announces at most [`QUIET_APPENDS`] appends (fewer than ~300 a second) turns it quiet, as
 //!   does an append that comes a whole interval after the last wake-up.
 //!
-//! So a quiet feed wakes readers at most `BUSY_APPENDS + 1` times per interval, and a busy one
-//! once per interval; the first event after a quiet spell is never delayed.
+//! So a quiet feed wakes readers at most `BUSY_APPENDS` times per window (600 a second), and a
+//! busy one once per interval; the first event after a quiet spell is never delayed.
 
 use std::time::Duration;
 

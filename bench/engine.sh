@@ -3,7 +3,7 @@
 # same build, each by the script or benchmark that owns it:
 #   1. expiry to the millisecond: a soak (server-measured lateness of wheel and heap keys), and
 #      `cargo bench --bench expiry -- evict/1M` (1M keys due in one second);
-#   2. memory: bench/memory_vs_redis.sh (1M keys against Redis, same names) and the memory
+#   2. memory: bench/memory_fleet.sh at 1M keys (against Redis, same names) and the memory
 #      benchmark at 1M and 10M (in bench/index_ab.sh); a page of 100 keys at 1M
 #      (`list-100/1M`); the 1M eviction with the listing index (`evict/1M/one-tick`);
 #   3. renewals against the `dashmap` + bucket-sets baseline, 10k to 10M, 1 and 2 threads, with
@@ -52,8 +52,8 @@ say "1, 2: mass eviction and a page of the listing (criterion)"
 cargo bench -q --bench expiry -- 'evict/1M|list-100/1M' 2>&1 | tee "$OUT/criterion.log" >&2
 grep -E '^(evict|list-100)/|time:' "$OUT/criterion.log" | section "1, 2. Mass eviction of 1M keys and a page of 100 at 1M (cargo bench --bench expiry -- 'evict/1M|list-100/1M')"
 
-say "2: memory against Redis (bench/memory_vs_redis.sh)"
-bash bench/memory_vs_redis.sh 2>&1 | tail -1 | section "2. Memory against Redis at 1M keys (bench/memory_vs_redis.sh)"
+say "2: memory against Redis (bench/memory_fleet.sh)"
+SIZES=1000000 bash bench/memory_fleet.sh 2>/dev/null | tail -1 | section "2. Memory against Redis at 1M keys (bench/memory_fleet.sh: keys, ttlwheel empty, growth, B/key, Redis empty, growth, B/key, ratio)"
 
 say "4: creations (bench/creations.sh)"
 bash bench/creations.sh 2>&1 | grep -E 'creations, median' | section "4. 1M creations through the batch route (bench/creations.sh)"

@@ -152,6 +152,13 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub events_ring: u64,
 
+    /// Bytes the live stream's ring may hold (its events, their encoded frames and its slot
+    /// array; `ttlwheel_sse_ring_bytes` in `/metrics`): the oldest events leave first when
+    /// either this or `--events-ring` is reached.
+    #[arg(long, env = "TTLWHEEL_EVENTS_RING_BYTES", default_value_t = crate::stream::DEFAULT_RING_BYTES,
+          value_parser = clap::value_parser!(u64).range(65_536..=1 << 40))]
+    pub events_ring_bytes: u64,
+
     /// Log format.
     #[arg(long, env = "TTLWHEEL_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,

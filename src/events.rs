@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 use serde::Serialize;
+use serde_json::value::RawValue;
 use tokio::sync::mpsc;
 
 use crate::clock::rfc3339;
@@ -96,40 +97,75 @@ impl EventKind {
 impl Event {
     /// The event's fields as outside consumers see them (times in RFC 3339).
     pub fn data(&self) -> EventData<'_> {
-        EventData(self)
+        EventData {
+            kind: self.kind,
+            key: self.key.as_str(),
+            service: self.service.as_ref().map(ServiceName::as_str),
+            meta: self.meta.as_ref().map(Meta::raw),
+            ttl_ms: self.ttl_ms,
+            registered_at_ms: self.registered_at_ms,
+            last_heartbeat_at_ms: self.last_heartbeat_at_ms,
+            deadline_ms: self.deadline_ms,
+            occurred_at_ms: self.occurred_at_ms,
+            lateness_ms: self.lateness_ms,
+            restored: self.restored,
+        }
     }
 }
 
-/// Serializes an [`Event`] as the `data` object of a webhook payload:
-/// `{key, service, meta, ttl_ms, registered_at, last_heartbeat_at, deadline, occurred_at,
-/// lateness_ms}`. `service`, `meta`, `ttl_ms` and `deadline` are `null` when the key had none.
+/// An event's fields, borrowed, as outside consumers see them: serialized as the `data` object
+/// of a webhook payload: `{key, service, meta, ttl_ms, registered_at, last_heartbeat_at,
+/// deadline, occurred_at, lateness_ms, restored}` (`service`, `meta`, `ttl_ms` and `deadline`
+/// are `null` when the key had none; times in RFC 3339). Borrowed, so that an [`Event`] and the
+/// stream ring's compact form of one (`stream::compact`) serialize through this one code.
 #[derive(Clone, Copy, Debug)]
-pub struct EventData<'a>(&'a Event);
+pub struct EventData<'a> {
+    /// What happened.
+    pub kind: EventKind,
+    /// The key (for a guard event, a placeholder that is not serialized).
+    pub key: &'a str,
+    /// The key's service, if it had one.
+    pub service: Option<&'a str>,
+    /// The key's metadata, or a guard event's details (a JSON object).
+    pub meta: Option<&'a RawValue>,
+    /// See [`Event::ttl_ms`].
+    pub ttl_ms: Option<u64>,
+    /// Unix ms.
+    pub registered_at_ms: u64,
+    /// Unix ms.
+    pub last_heartbeat_at_ms: u64,
+    /// Unix ms; see [`Event::deadline_ms`].
+    pub deadline_ms: Option<u64>,
+    /// Unix ms.
+    pub occurred_at_ms: u64,
+    /// See [`Event::lateness_ms`].
+    pub lateness_ms: u64,
+    /// See [`Event::restored`].
+    pub restored: bool,
+}
 
 impl Serialize for EventData<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let event = self.0;
-        if event.kind.is_guard() {
+        if self.kind.is_guard() {
             // As a map (not raw JSON), so the live stream can flatten it beside its `type`.
-            let details: serde_json::Map<String, serde_json::Value> = event
+            let details: serde_json::Map<String, serde_json::Value> = self
                 .meta
-                .as_ref()
-                .and_then(|details| serde_json::from_str(details.raw().get()).ok())
+                .and_then(|details| serde_json::from_str(details.get()).ok())
                 .unwrap_or_default();
             return details.serialize(serializer);
         }
         let mut data = serializer.serialize_struct("EventData", 10)?;
-        data.serialize_field("key", &event.key)?;
-        data.serialize_field("service", &event.service.as_ref().map(|s| s.as_str()))?;
-        data.serialize_field("meta", &event.meta.as_ref().map(|meta| meta.raw()))?;
-        data.serialize_field("ttl_ms", &event.ttl_ms)?;
-        data.serialize_field("registered_at", &rfc3339(event.registered_at_ms))?;
-        data.serialize_field("last_heartbeat_at", &rfc3339(event.last_heartbeat_at_ms))?;
-        data.serialize_field("deadline", &event.deadline_ms.map(rfc3339))?;
-        data.serialize_field("occurred_at", &rfc3339(event.occurred_at_ms))?;
-        data.serialize_field("lateness_ms", &event.lateness_ms)?;
-        data.serialize_field("restored", &event.restored)?;
+        data.serialize_field("key", self.key)?;
+        data.serialize_field("service", &self.service)?;
+        data.serialize_field("meta", &self.meta)?;
+        data.serialize_field("ttl_ms", &self.ttl_ms)?;
+        data.serialize_field("registered_at", &rfc3339(self.registered_at_ms))?;
+        data.serialize_field("last_heartbeat_at", &rfc3339(self.last_heartbeat_at_ms))?;
+        data.serialize_field("deadline", &self.deadline_ms.map(rfc3339))?;
+        data.serialize_field("occurred_at", &rfc3339(self.occurred_at_ms))?;
+        data.serialize_field("lateness_ms", &self.lateness_ms)?;
+        data.serialize_field("restored", &self.restored)?;
         data.end()
     }
 }

@@ -162,7 +162,10 @@ impl Service {
         };
         let notifier = Notifier::start(config.webhook_settings(), registry.subscribe())
             .map_err(|error| std::io::Error::other(error.to_string()))?;
-        let hub = Arc::new(EventHub::new(config.events_ring as usize));
+        let hub = Arc::new(EventHub::new(
+            config.events_ring as usize,
+            usize::try_from(config.events_ring_bytes).unwrap_or(usize::MAX),
+        ));
         let auth = match &config.auth_tokens {
             Some(path) => {
                 let auth = auth::Auth::load(path).map_err(|error| {

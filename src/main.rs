@@ -9,8 +9,19 @@ use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 use ttlwheel::config::{Command, Config, LogFormat, Serving, TokenCommand};
 
-/// mimalloc rather than glibc's malloc: under steady renewals glibc kept freed bucket memory and
-/// RSS crept up for minutes; see BENCHMARKS.md, "Allocator", for the figures.
+/// jemalloc, with background threads that return freed memory to the OS after 1 s
+/// (`background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0`, built in: Cargo.toml and
+/// .cargo/config.toml). Why: the allocator's retention is part of what a user sees. glibc's
+/// malloc crept under steady renewals; mimalloc returns freed pages only when the thread that
+/// freed them allocates again, so an idle serving thread kept the buffers of the batches it
+/// had parsed (+100 MB at 100k keys, against +33 MB with jemalloc as configured). Figures:
+/// BENCHMARKS.md, "Memory at every size". `_RJEM_MALLOC_CONF` overrides the settings at run
+/// time; the `alloc-*` features pick another allocator, for measuring
+/// (`--no-default-features`: the system's).
+#[cfg(all(feature = "alloc-jemalloc", not(feature = "alloc-mimalloc")))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+#[cfg(feature = "alloc-mimalloc")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

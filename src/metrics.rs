@@ -289,6 +289,18 @@ impl Collector for Live {
             "Connected event-stream clients.",
             self.hub.clients() as f64,
         )?;
+        gauge1(
+            &mut encoder,
+            "ttlwheel_sse_ring_bytes",
+            "Bytes the event-stream ring holds: its slot array, the events and their encoded frames (bounded by --events-ring-bytes).",
+            self.hub.bytes() as f64,
+        )?;
+        gauge1(
+            &mut encoder,
+            "ttlwheel_sse_ring_events",
+            "Events in the event-stream ring (bounded by --events-ring and --events-ring-bytes).",
+            self.hub.events() as f64,
+        )?;
         counter1(
             &mut encoder,
             "ttlwheel_sse_clients_dropped",

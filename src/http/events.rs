@@ -8,7 +8,8 @@
 //! A comment every 15 s keeps idle connections open through proxies.
 //!
 //! Cost per client: the frames come from the ring already encoded (once, for every client), a
-//! client is woken at most once per `stream::WAKE_INTERVAL` while events keep coming, and each
+//! client is woken at most once per `stream::WAKE_INTERVAL` while events keep coming (at once
+//! while they are sparse: `stream::wake`), and each
 //! wake-up sends everything it has as one chunk (one write). A client that does not read costs
 //! nothing once its socket is full: the server stops polling its stream until it drains.
 
@@ -28,7 +29,7 @@ use tokio::time::Instant;
 use super::error::ApiError;
 use super::extract::QueryParams;
 use super::AppState;
-use crate::events::Event;
+use crate::stream::compact::CompactEvent;
 use crate::stream::{sse_frame, ClientGuard, EventHub, Read};
 use crate::types::ServiceName;
 
@@ -54,20 +55,18 @@ struct Filter {
 
 impl Filter {
     /// Guard events are about the whole registry: every client gets them.
-    fn matches(&self, event: &Event) -> bool {
-        if event.kind.is_guard() {
+    fn matches(&self, event: &CompactEvent) -> bool {
+        if event.kind().is_guard() {
             return true;
         }
-        let service_ok = self.service.as_ref().is_none_or(|wanted| {
-            event
-                .service
-                .as_ref()
-                .is_some_and(|s| s.as_str() == wanted.as_str())
-        });
+        let service_ok = self
+            .service
+            .as_ref()
+            .is_none_or(|wanted| event.service() == Some(wanted.as_str()));
         let prefix_ok = self
             .prefix
             .as_deref()
-            .is_none_or(|prefix| event.key.as_str().starts_with(prefix));
+            .is_none_or(|prefix| event.key().starts_with(prefix));
         service_ok && prefix_ok
     }
 }

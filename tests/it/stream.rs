@@ -345,7 +345,10 @@ async fn metrics_count_known_traffic() {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     let metrics = loop {
         let metrics = metrics_of(&server).await;
-        if value(&metrics, "ttlwheel_expirations_total", &[]) == 1.0 {
+        // 4 registrations, a deletion and the expiry, all in the stream's ring.
+        if value(&metrics, "ttlwheel_expirations_total", &[]) == 1.0
+            && value(&metrics, "ttlwheel_sse_ring_events", &[]) == 6.0
+        {
             break metrics;
         }
         assert!(tokio::time::Instant::now() < deadline, "m-3 never expired");
@@ -406,6 +409,11 @@ async fn metrics_count_known_traffic() {
     assert!(value(&metrics, "ttlwheel_memory_bytes_per_key", &[]) > 0.0);
     assert_eq!(value(&metrics, "ttlwheel_ticker_lag_seconds", &[]), 0.0);
     assert_eq!(value(&metrics, "ttlwheel_sse_clients", &[]), 0.0);
+    let ring_bytes = value(&metrics, "ttlwheel_sse_ring_bytes", &[]);
+    assert!(
+        (6.0 * 40.0..=ttlwheel::stream::DEFAULT_RING_BYTES as f64).contains(&ring_bytes),
+        "{ring_bytes}"
+    );
 }
 
 /// The exposition is valid OpenMetrics by the Prometheus project's own parser (Python

@@ -2,19 +2,27 @@
 //! that each SSE client reads at its own pace.
 //!
 //! Invariants:
-//! - The ring holds the last `capacity` events; event `seq` numbers are consecutive, so a
-//!   client's position is one number and a read is an index computation.
+//! - The ring holds the last events, as many as fit in both of its bounds: a count
+//!   (`--events-ring`) and bytes (`--events-ring-bytes`, [`EventHub::bytes`]: the slot array's
+//!   capacity, each event's compact form and each frame encoded so far). It keeps at least the
+//!   newest event. Event `seq` numbers are consecutive, so a client's position is one number
+//!   and a read is an index computation.
+//! - An event is kept once, in its compact form ([`compact`]: ~50 bytes for a 27-byte key and
+//!   no metadata, where the `Event` struct and its key took ~170 and the slot array doubled
+//!   when the ring first filled), plus its SSE frame (~330 bytes) once a reader needed it.
 //! - Nothing waits on a client: the feeder pushes into the ring and moves on. A client that
-//!   falls more than `capacity` events behind is told (`reset`), dropped and counted.
+//!   falls behind the ring's oldest event is told (`reset`), dropped and counted.
 //! - Event ids are `<run>-<seq>`, where `run` is random per process: a client resuming with an
 //!   id from another run (or from before the ring) gets a `reset` instead of a silent gap.
 //! - A slot's SSE frame, once encoded, is the frame of that event for every client (it depends
 //!   only on the run, the `seq` and the event).
 
+pub mod compact;
+pub mod wake;
+
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
 use parking_lot::RwLock;
 use serde::Serialize;
@@ -22,14 +30,18 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::events::{Event, EventData, EventReceiver};
+use compact::CompactEvent;
 
 /// Default number of events the ring keeps.
 pub const DEFAULT_RING: u64 = 65_536;
 
-/// Readers are woken at most this often while events keep coming (the first event after a
-/// quiet spell wakes them at once). Why: every wake-up costs each connected client a task poll
-/// and a write; waking 1,000 clients per event is what made them cost 1 ms per heartbeat.
-pub const WAKE_INTERVAL: Duration = Duration::from_millis(10);
+/// Default bytes the ring may hold: 8 MiB. Enough for the whole default count of fleet
+/// registrations nobody streams (~88 bytes each with its slot), or ~19,000 events with their
+/// frames once readers are connected; before the bound, the default ring cost ~31 MB at 100k keys
+/// (issue 27).
+pub const DEFAULT_RING_BYTES: u64 = 8 << 20;
+
+pub use wake::WAKE_INTERVAL;
 
 /// Events examined per read, matched or not, so that one read holds the ring briefly.
 const SCAN_LIMIT: usize = 4096;
@@ -47,25 +59,39 @@ pub enum Read {
 /// An event in the ring, and its SSE frame once a reader has needed it.
 #[derive(Debug)]
 struct Slot {
-    event: Event,
+    /// The event in its compact form: what filters read and frames are made of.
+    event: CompactEvent,
     /// `id:`, `event:` and `data:` lines and the blank line: the same bytes for every client,
     /// so encoded once, by the first reader, and copied by the others.
     frame: OnceLock<Box<[u8]>>,
 }
 
+/// What one slot costs in the slot array.
+const SLOT_BYTES: usize = std::mem::size_of::<Slot>();
+
 #[derive(Debug)]
 struct Ring {
+    /// The events, oldest first.
     slots: VecDeque<Slot>,
     /// `seq` of `slots[0]`.
     first_seq: u64,
+    /// The heap bytes of the slots' compact events.
+    event_bytes: usize,
 }
 
 /// See the module documentation.
 #[derive(Debug)]
 pub struct EventHub {
+    /// This process's random run id, the first part of every event id.
     run: u32,
-    capacity: usize,
+    /// Most events kept (`--events-ring`), at least 1.
+    max_events: usize,
+    /// Most bytes kept (`--events-ring-bytes`, see [`EventHub::bytes`]).
+    max_bytes: usize,
     ring: RwLock<Ring>,
+    /// The bytes of the frames encoded so far of the events in the ring: readers encode them
+    /// under the ring's read lock and add here; eviction, under its write lock, subtracts.
+    frame_bytes: AtomicUsize,
     /// The newest `seq` readers were told of (0 before any event); see [`WAKE_INTERVAL`].
     latest: watch::Sender<u64>,
     /// Set once at shutdown: streams end so the server can finish.
@@ -85,14 +111,19 @@ struct StreamData<'a> {
 }
 
 impl EventHub {
-    pub fn new(capacity: usize) -> Self {
+    /// A ring of at most `max_events` events and `max_bytes` bytes (it keeps the newest event
+    /// whatever its size).
+    pub fn new(max_events: usize, max_bytes: usize) -> Self {
         Self {
             run: fastrand::u32(..),
-            capacity: capacity.max(1),
+            max_events: max_events.max(1),
+            max_bytes,
             ring: RwLock::new(Ring {
                 slots: VecDeque::new(),
                 first_seq: 1,
+                event_bytes: 0,
             }),
+            frame_bytes: AtomicUsize::new(0),
             latest: watch::channel(0).0,
             closing: watch::channel(false).0,
             clients: AtomicUsize::new(0),
@@ -108,19 +139,65 @@ impl EventHub {
         self.wake();
     }
 
-    /// Appends events, dropping the oldest past the capacity, without waking the readers.
+    /// Appends events, dropping the oldest past either bound, without waking the readers.
     fn append(&self, events: impl IntoIterator<Item = Event>) {
         let mut ring = self.ring.write();
         for event in events {
+            let event = CompactEvent::encode(&event);
+            let cost = event.heap_bytes();
+            // Room is made before the push, so the slot array never grows past what the bounds
+            // allow: growing a full array doubles it, which the bytes must be able to pay for.
+            while !ring.slots.is_empty() && !self.fits(&ring, cost) {
+                self.evict_oldest(&mut ring);
+            }
+            ring.event_bytes += cost;
             ring.slots.push_back(Slot {
                 event,
                 frame: OnceLock::new(),
             });
-            if ring.slots.len() > self.capacity {
-                ring.slots.pop_front();
-                ring.first_seq += 1;
+        }
+    }
+
+    /// Whether one more event of `cost` heap bytes fits in the bounds.
+    fn fits(&self, ring: &Ring, cost: usize) -> bool {
+        let len = ring.slots.len();
+        if len >= self.max_events {
+            return false;
+        }
+        let capacity = ring.slots.capacity();
+        // A full array grows to twice its capacity (what VecDeque does when pushed when full).
+        let array = if len == capacity {
+            (2 * capacity).max(4)
+        } else {
+            capacity
+        };
+        let heap = ring.event_bytes + self.frame_bytes.load(Ordering::Relaxed) + cost;
+        array * SLOT_BYTES + heap <= self.max_bytes
+    }
+
+    fn evict_oldest(&self, ring: &mut Ring) {
+        if let Some(slot) = ring.slots.pop_front() {
+            ring.first_seq += 1;
+            ring.event_bytes -= slot.event.heap_bytes();
+            if let Some(frame) = slot.frame.get() {
+                self.frame_bytes.fetch_sub(frame.len(), Ordering::Relaxed);
             }
         }
+    }
+
+    /// What the ring holds, in bytes: its slot array (capacity, not length), the events'
+    /// compact forms and the frames encoded so far. What `/metrics` reports as
+    /// `ttlwheel_sse_ring_bytes`.
+    pub fn bytes(&self) -> usize {
+        let ring = self.ring.read();
+        ring.slots.capacity() * SLOT_BYTES
+            + ring.event_bytes
+            + self.frame_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Events in the ring.
+    pub fn events(&self) -> usize {
+        self.ring.read().slots.len()
     }
 
     /// Tells the readers about every event appended so far.
@@ -138,7 +215,7 @@ impl EventHub {
     pub fn read_into(
         &self,
         cursor: u64,
-        matches: impl Fn(&Event) -> bool,
+        matches: impl Fn(&CompactEvent) -> bool,
         out: &mut Vec<u8>,
         max_bytes: usize,
     ) -> Read {
@@ -151,9 +228,11 @@ impl EventHub {
         for slot in ring.slots.range(start..).take(SCAN_LIMIT) {
             through += 1;
             if matches(&slot.event) {
-                let frame = slot
-                    .frame
-                    .get_or_init(|| self.frame(through, &slot.event).into_boxed_slice());
+                let frame = slot.frame.get_or_init(|| {
+                    let frame = self.frame(through, &slot.event).into_boxed_slice();
+                    self.frame_bytes.fetch_add(frame.len(), Ordering::Relaxed);
+                    frame
+                });
                 out.extend_from_slice(frame);
                 if out.len() >= max_bytes {
                     break;
@@ -168,13 +247,14 @@ impl EventHub {
     }
 
     /// The SSE frame of event `seq`.
-    fn frame(&self, seq: u64, event: &Event) -> Vec<u8> {
+    fn frame(&self, seq: u64, event: &CompactEvent) -> Vec<u8> {
+        let name = event.kind().stream_name();
         let data = StreamData {
-            r#type: event.kind.stream_name(),
+            r#type: name,
             data: event.data(),
         };
         let json = serde_json::to_string(&data).expect("an event always serializes");
-        sse_frame(&self.id_of(seq), event.kind.stream_name(), &json)
+        sse_frame(&self.id_of(seq), name, &json)
     }
 
     /// The `seq` of the newest event in the ring (0 before any event), which readers may not
@@ -260,23 +340,25 @@ pub fn sse_frame(id: &str, event: &str, data: &str) -> Vec<u8> {
 }
 
 /// Drains the registry's bus into the ring as events come, calling `observe` on each event
-/// first (metrics), and wakes the readers at once after a quiet spell, else at most once per
-/// [`WAKE_INTERVAL`]. Events are appended at once all the same, so a client that connects
-/// starts after every event fed so far. Runs until the bus closes or the task is aborted.
+/// first (metrics), and wakes the readers when [`wake::WakePacer`] says: at once while events
+/// are sparse, at most once per [`WAKE_INTERVAL`] while they keep coming. Events are appended at
+/// once all the same, so a client that connects starts after every event fed so far. Runs until
+/// the bus closes or the task is aborted.
 pub async fn feed(mut events: EventReceiver, hub: Arc<EventHub>, observe: impl Fn(&Event)) {
     const BATCH: usize = 1024;
     let mut batch = Vec::with_capacity(BATCH);
-    let mut last_wake: Option<Instant> = None;
-    // Whether events were appended that readers were not told of.
-    let mut unannounced = false;
+    let mut pacer = wake::WakePacer::new(Instant::now());
+    // When the events appended and not yet announced must be (`None`: there are none).
+    let mut wake_at: Option<Instant> = None;
     struct Closed;
     loop {
-        let next = match last_wake {
-            Some(last_wake) if unannounced => tokio::select! {
+        let next = match wake_at {
+            Some(wake_at) if wake_at > Instant::now() => tokio::select! {
                 event = events.recv() => event.map(Some).ok_or(Closed),
-                () = tokio::time::sleep_until(last_wake + WAKE_INTERVAL) => Ok(None),
+                () = tokio::time::sleep_until(wake_at) => Ok(None),
             },
-            _ => events.recv().await.map(Some).ok_or(Closed),
+            Some(_) => Ok(None),
+            None => events.recv().await.map(Some).ok_or(Closed),
         };
         match next {
             Ok(Some(first)) => {
@@ -289,10 +371,8 @@ pub async fn feed(mut events: EventReceiver, hub: Arc<EventHub>, observe: impl F
                 }
                 batch.iter().for_each(&observe);
                 hub.append(batch.drain(..));
-                unannounced = true;
-                // Let other tasks run between batches (see `notify::dispatch`): a mass expiry
-                // is a million events.
-                tokio::task::yield_now().await;
+                let due = pacer.appended(Instant::now());
+                wake_at = Some(wake_at.map_or(due, |at| at.min(due)));
             }
             Ok(None) => {} // time to announce
             Err(Closed) => {
@@ -300,16 +380,21 @@ pub async fn feed(mut events: EventReceiver, hub: Arc<EventHub>, observe: impl F
                 return;
             }
         }
-        if unannounced && last_wake.is_none_or(|at| at + WAKE_INTERVAL <= Instant::now()) {
+        if wake_at.is_some_and(|at| at <= Instant::now()) {
             hub.wake();
-            last_wake = Some(Instant::now());
-            unannounced = false;
+            pacer.woke(Instant::now());
+            wake_at = None;
         }
+        // Let other tasks run between batches (see `notify::dispatch`): a mass expiry is a
+        // million events, and a receive only yields when tokio's budget runs out.
+        tokio::task::yield_now().await;
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::events::EventKind;
     use crate::types::Key;
@@ -357,7 +442,7 @@ mod tests {
 
     #[test]
     fn reads_continue_from_a_cursor_and_report_gaps() {
-        let hub = EventHub::new(3);
+        let hub = EventHub::new(3, usize::MAX);
         assert_eq!(hub.latest(), 0);
         hub.push((1..=2).map(event));
         assert_eq!(
@@ -394,11 +479,50 @@ mod tests {
     }
 
     #[test]
+    fn the_ring_keeps_within_its_bytes_frames_included_and_keeps_the_newest() {
+        let max_bytes = 4096;
+        let hub = EventHub::new(usize::MAX, max_bytes);
+        hub.push((1..=1000).map(event));
+        let unread = hub.events();
+        assert!(hub.bytes() <= max_bytes, "{} bytes", hub.bytes());
+        assert!(unread > 10, "{unread} events in 4 KiB");
+        assert_eq!(hub.newest(), 1000);
+        // Reading encodes the frames, which count too: the next append makes room for them.
+        let (read_frames, _) = read(&hub, 1000 - unread as u64, usize::MAX);
+        assert_eq!(read_frames.len(), unread);
+        assert!(hub.bytes() > max_bytes, "the frames were counted");
+        hub.push([event(1001)]);
+        assert!(hub.bytes() <= max_bytes, "{} bytes", hub.bytes());
+        assert!(hub.events() < unread, "{} events", hub.events());
+        let (frames, _) = read(&hub, 1001 - hub.events() as u64, usize::MAX);
+        assert_eq!(frames.last(), Some(&(1001, "k1001".to_owned())));
+        // A single event larger than the bound is kept all the same.
+        let tiny = EventHub::new(usize::MAX, 1);
+        tiny.push((1..=3).map(event));
+        assert_eq!(tiny.events(), 1);
+        assert_eq!(frames_of(&tiny, 2), [(3, "k3".to_owned())]);
+    }
+
+    #[test]
+    fn a_full_ring_reuses_its_slots_rather_than_doubling_them() {
+        let hub = EventHub::new(64, usize::MAX);
+        hub.push((1..=1000).map(event));
+        assert_eq!(hub.events(), 64);
+        assert_eq!(hub.ring.read().slots.capacity(), 64, "not doubled to 128");
+        let heap = hub.ring.read().event_bytes;
+        assert_eq!(hub.bytes(), 64 * SLOT_BYTES + heap);
+    }
+
+    fn frames_of(hub: &EventHub, cursor: u64) -> Vec<(u64, String)> {
+        frames(read(hub, cursor, usize::MAX))
+    }
+
+    #[test]
     fn a_filter_skips_events_and_the_cursor_moves_past_them() {
-        let hub = EventHub::new(10);
+        let hub = EventHub::new(10, usize::MAX);
         hub.push((1..=4).map(event));
         let mut out = Vec::new();
-        let read = hub.read_into(0, |e| e.key.as_str() == "k3", &mut out, usize::MAX);
+        let read = hub.read_into(0, |e| e.key() == "k3", &mut out, usize::MAX);
         assert_eq!(
             read,
             Read::Frames {
@@ -414,37 +538,77 @@ mod tests {
         assert_eq!(text.matches("\n\n").count(), 1, "{text}");
     }
 
+    /// Paused time: the clock moves only when every task waits, so "at once" is "with no time
+    /// passing".
     #[tokio::test(start_paused = true)]
-    async fn the_feed_wakes_readers_at_once_then_at_most_once_per_interval() {
+    async fn the_feed_wakes_at_once_when_quiet_and_coalesces_a_burst() {
         let bus = crate::events::EventBus::default();
-        let hub = Arc::new(EventHub::new(100));
+        let hub = Arc::new(EventHub::new(10_000, usize::MAX));
         let feeder = tokio::spawn(feed(bus.subscribe(), Arc::clone(&hub), |_| {}));
         let mut latest = hub.subscribe_latest();
-        bus.publish(vec![event(1)]);
-        latest.changed().await.unwrap();
-        assert_eq!(
-            *latest.borrow_and_update(),
-            1,
-            "the first event wakes at once"
-        );
-        let woken_at = Instant::now();
-        bus.publish(vec![event(2)]);
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        bus.publish(vec![event(3)]);
-        latest.changed().await.unwrap();
-        assert_eq!(*latest.borrow_and_update(), 3, "both events in one wake-up");
+        // Sparse events (one per 5 ms, 200 a second): each wakes the readers at once.
+        for n in 1..=20 {
+            let published_at = Instant::now();
+            bus.publish(vec![event(n)]);
+            latest.changed().await.unwrap();
+            assert_eq!(*latest.borrow_and_update(), n);
+            assert_eq!(published_at.elapsed(), Duration::ZERO, "event {n} waited");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // A burst (an event every millisecond, the timer's grain, for 100 ms): the first few
+        // wake at once, then the readers are woken once per interval with what gathered.
+        let burst_start = Instant::now();
+        let watcher = tokio::spawn({
+            let mut latest = hub.subscribe_latest();
+            async move {
+                let mut wakes = Vec::new();
+                while latest.changed().await.is_ok() {
+                    wakes.push((Instant::now(), *latest.borrow_and_update()));
+                    if wakes.last().is_some_and(|&(_, seq)| seq == 120) {
+                        break;
+                    }
+                }
+                wakes
+            }
+        });
+        for n in 21..=120 {
+            bus.publish(vec![event(n)]);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let wakes = watcher.await.unwrap();
+        let at_once = wake::BUSY_APPENDS as usize;
+        for (i, &(at, seq)) in wakes[..at_once].iter().enumerate() {
+            let expected = (Duration::from_millis(i as u64), 21 + i as u64);
+            assert_eq!((at - burst_start, seq), expected, "{wakes:?}");
+        }
+        let coalesced = &wakes[at_once..];
         assert!(
-            woken_at.elapsed() >= WAKE_INTERVAL,
-            "{:?}",
-            woken_at.elapsed()
+            coalesced
+                .windows(2)
+                .all(|w| w[1].0 - w[0].0 >= WAKE_INTERVAL),
+            "{wakes:?}"
         );
+        assert!(coalesced.len() <= 100 / 10 + 1, "{wakes:?}");
+        let burst_end = burst_start + Duration::from_millis(100);
+        assert!(
+            wakes.last().unwrap().0 <= burst_end + WAKE_INTERVAL,
+            "the last event is announced within an interval"
+        );
+        // After a quiet spell, the next event wakes at once again.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        latest.borrow_and_update();
+        let published_at = Instant::now();
+        bus.publish(vec![event(121)]);
+        latest.changed().await.unwrap();
+        assert_eq!(*latest.borrow_and_update(), 121);
+        assert_eq!(published_at.elapsed(), Duration::ZERO);
         feeder.abort();
     }
 
     #[test]
     fn ids_round_trip_within_a_run_only() {
-        let hub = EventHub::new(3);
-        let other = EventHub::new(3);
+        let hub = EventHub::new(3, usize::MAX);
+        let other = EventHub::new(3, usize::MAX);
         let id = hub.id_of(42);
         assert_eq!(hub.parse_id(&id), Some(42));
         if other.run != hub.run {

@@ -13,6 +13,8 @@
 #   SIZES="10000 100000 1000000"  the sizes (add 10000000 for 10M: minutes, ~2 GB of RSS)
 #   SERVER=target/release/ttlwheel  the binary (build it yourself when you set this)
 #   FLAGS="--events-ring 1024"      extra ttlwheel flags (default: none beyond --ephemeral)
+#   PERSIST=1                       persistence on, as `cargo run --release` runs it (a fresh
+#                                   data directory per size, under $OUT), instead of --ephemeral
 #   REDIS=0                         skip Redis (ttlwheel's columns only)
 #   CONNECTIONS=4 TTL_S=3600 PORT=17916 REDIS_PORT=17917 OUT=target/bench-memory-fleet
 # Needs redis-server and redis-cli (Debian: apt-get install redis-server). Every process binds
@@ -60,7 +62,12 @@ mib() { awk -v kb="$1" 'BEGIN { printf "%.1f", kb / 1024 }'; }
 # a subshell, so that the EXIT trap knows the server's PID.
 ttlwheel_at() {
   # shellcheck disable=SC2086 # FLAGS is a list of flags
-  serve --ephemeral $FLAGS
+  if [ "${PERSIST:-0}" = 1 ]; then
+    rm -rf "$OUT/data"
+    serve --data-dir "$OUT/data" $FLAGS
+  else
+    serve --ephemeral $FLAGS
+  fi
   local start
   TW_EMPTY=$(settled_rss_kb "$PID")
   start=$(date +%s.%N)
@@ -92,7 +99,7 @@ redis_at() {
 }
 
 {
-  echo "ttlwheel: $SERVER --ephemeral $FLAGS ($(git rev-parse --short HEAD)); $(redis-server --version | cut -d' ' -f1-3)"
+  echo "ttlwheel: $SERVER $([ "${PERSIST:-0}" = 1 ] && echo "--data-dir (fresh)" || echo --ephemeral) $FLAGS ($(git rev-parse --short HEAD)); $(redis-server --version | cut -d' ' -f1-3)"
   echo "load when started: $(uptime | sed 's/.*load average/load average/')"
   echo
   echo "| keys | ttlwheel empty | ttlwheel growth | B/key | Redis empty | Redis growth | B/key | ratio |"

@@ -35,11 +35,12 @@ use compact::CompactEvent;
 /// Default number of events the ring keeps.
 pub const DEFAULT_RING: u64 = 65_536;
 
-/// Default bytes the ring may hold: 8 MiB. Enough for the whole default count of fleet
-/// registrations nobody streams (~88 bytes each with its slot), or ~19,000 events with their
-/// frames once readers are connected; before the bound, the default ring cost ~31 MB at 100k keys
-/// (issue 27).
-pub const DEFAULT_RING_BYTES: u64 = 8 << 20;
+/// Default bytes the ring may hold: 2 MiB, ~23,000 fleet registrations nobody streams (~88 bytes
+/// each with its slot), or ~4,800 events with their frames once readers are connected. Chosen by
+/// measurement (`bench/memory_fleet.sh`, BENCHMARKS.md, "Engine III"): at 100k keys the whole
+/// process grew +19.2 MiB with 8 MiB, +16.0 with 2 MiB and +14.8 with 1 MiB, against Redis's
+/// +16.1 for the same keys; before the bound, the ring of `Event`s cost ~31 MB at 100k keys.
+pub const DEFAULT_RING_BYTES: u64 = 2 << 20;
 
 pub use wake::WAKE_INTERVAL;
 

@@ -87,13 +87,18 @@ impl SortedSlots {
                 key <= text
             }
         };
-        let block = self
-            .blocks
-            .partition_point(|block| before(*block.last().expect("blocks are never empty")));
+        let block = self.block_of(before);
         match self.blocks.get(block) {
             Some(slots) => (block, slots.partition_point(|&slot| before(slot))),
             None => (block, 0),
         }
+    }
+
+    /// The first block whose last id is not `before` the place sought (`blocks.len()` when
+    /// there is none).
+    fn block_of(&self, before: impl Fn(SlotId) -> bool) -> usize {
+        self.blocks
+            .partition_point(|block| before(*block.last().expect("blocks are never empty")))
     }
 
     /// Adds `slot`, whose key is not in the list yet.
@@ -121,12 +126,16 @@ impl SortedSlots {
     /// entry after).
     pub fn remove<'k>(&mut self, slot: SlotId, key_of: impl Fn(SlotId) -> &'k Key) {
         let key = key_of(slot).as_str();
-        let (block, offset) = self.position(key, true, &key_of);
-        let found = self
+        // The block by its keys, then the id by a scan of the block's ids: at most 1 KiB read
+        // in order, where a binary search would read ~8 entries at random (a mass expiry
+        // removes a million keys this way).
+        let block = self.block_of(|listed| key_of(listed).as_str() < key);
+        let offset = self
             .blocks
             .get(block)
-            .is_some_and(|slots| slots.get(offset) == Some(&slot));
-        assert!(found, "slot {slot} is not listed where its key sorts");
+            .and_then(|slots| slots.iter().position(|&listed| listed == slot));
+        let offset =
+            offset.unwrap_or_else(|| panic!("slot {slot} is not listed where its key sorts"));
         self.blocks[block].remove(offset);
         // Keep blocks from thinning out after many removals: a small block joins its
         // predecessor when both fit in half a block.

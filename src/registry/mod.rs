@@ -289,8 +289,10 @@ impl Registry {
         let now = self.clock.at(now);
         let (shard, hash) = self.shard_of(&heartbeat.key);
         let (renewal, lsn) = {
-            let ctx = self.ctx();
             let mut shard = shard.lock();
+            // The context (the guard's holding flag) is read under the shard's lock: see
+            // `with_shard`.
+            let ctx = self.ctx();
             let key = (&heartbeat.key, hash);
             let renewal = shard.heartbeat(key, ttl_ms, service, heartbeat.meta, &ctx, now);
             // A heartbeat on a due key expires it first: publish that event.
@@ -519,8 +521,13 @@ impl Registry {
 
     fn with_shard<T>(&self, key: &Key, op: impl FnOnce(&mut Shard, KeyHash, &Ctx<'_>) -> T) -> T {
         let (shard, hash) = self.shard_of(key);
-        let ctx = self.ctx();
         let mut shard = shard.lock();
+        // The context is read under the shard's lock. An operator's release clears the holding
+        // flag before it drains the shards, one lock at a time: read before the lock, the flag
+        // could still say "hold" after this shard was drained, and the key held then would stay
+        // held in an armed guard until the next engagement. Read under it, either this shard is
+        // not drained yet (the drain releases what this holds) or the flag is already clear.
+        let ctx = self.ctx();
         let result = op(&mut shard, hash, &ctx);
         shard.flush_events(&ctx);
         result

@@ -141,9 +141,15 @@ impl Registry {
         if at_once {
             let released = self.release_held(at, usize::MAX);
             self.guard.lock().released(released as u64);
+        }
+        // The answer is the state this call left (releasing, by the operator, nothing held),
+        // read before the sweeper is woken to arm the guard: woken first, it could arm it
+        // before the answer is read, and the answer would no longer say who released.
+        let status = self.guard_status(now);
+        if at_once {
             self.wakeup.notify_one();
         }
-        self.guard_status(now)
+        status
     }
 
     /// Keys held now, in every shard.

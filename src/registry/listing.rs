@@ -56,8 +56,9 @@ const BLOCK_MAX: usize = 256;
 
 /// Slot ids in the order of their keys, which stay in the entries: a sorted list cut into
 /// blocks of at most [`BLOCK_MAX`], so an insertion or removal moves at most a block's ids,
-/// and a position is found by two binary searches (over the blocks' last keys, then within
-/// one block), each comparison reading a key through `key_of`.
+/// and a position is found by a binary search over the blocks' last keys and then one within
+/// the block, each comparison reading a key through `key_of` (a removal, knowing its id, scans
+/// the block for it instead of the second search).
 ///
 /// 4 bytes per key (plus the blocks' slack), where a `BTreeSet<Key>` held a copy of every key
 /// (24 bytes inline, and a heap block for a key over 24 bytes).

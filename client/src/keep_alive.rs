@@ -156,6 +156,20 @@ pub struct Status {
     pub deadline: Option<Instant>,
 }
 
+impl Status {
+    /// Before the first heartbeat is accepted: retrying, nothing lost or accepted yet.
+    fn registering() -> Self {
+        Self {
+            liveness: Liveness::Retrying,
+            losses: 0,
+            last_loss: None,
+            accepted: 0,
+            last_error: None,
+            deadline: None,
+        }
+    }
+}
+
 /// The owner's end of a kept-alive key.
 ///
 /// Dropping it stops the heartbeats without deleting the key, which then expires after its
@@ -409,14 +423,7 @@ fn apply(keys: &mut HashMap<u64, Entry>, command: Command) {
                 meta: options.meta.clone(),
             };
             let item = serde_json::to_vec(&heartbeat).expect("a heartbeat serializes to JSON");
-            let (status, _) = watch::channel(Status {
-                liveness: Liveness::Retrying,
-                losses: 0,
-                last_loss: None,
-                accepted: 0,
-                last_error: None,
-                deadline: None,
-            });
+            let (status, _) = watch::channel(Status::registering());
             keys.insert(
                 id,
                 Entry {
@@ -743,14 +750,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_accepted_heartbeat_sets_the_deadline_and_the_next_due_within_the_interval() {
-        let (status, seen) = watch::channel(Status {
-            liveness: Liveness::Retrying,
-            losses: 0,
-            last_loss: None,
-            accepted: 0,
-            last_error: None,
-            deadline: None,
-        });
+        let (status, seen) = watch::channel(Status::registering());
         let now = Instant::now();
         let mut entry = Entry {
             key: "k".into(),

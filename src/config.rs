@@ -306,6 +306,55 @@ pub struct Config {
     #[arg(long, env = "TTLWHEEL_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,
 
+    /// Cluster mode (README, "A cluster"): this member's id, 1 or more. Without it, a single
+    /// node, and the cluster flags below are not read.
+    #[arg(long, env = "TTLWHEEL_NODE_ID", value_parser = clap::value_parser!(u64).range(1..),
+          help_heading = "Cluster")]
+    pub node_id: Option<u64>,
+
+    /// Where this member listens for its peers (its own port, not the API's), e.g.
+    /// `127.0.0.1:7879`.
+    #[arg(
+        long,
+        env = "TTLWHEEL_CLUSTER_LISTEN",
+        requires = "node_id",
+        help_heading = "Cluster"
+    )]
+    pub cluster_listen: Option<SocketAddr>,
+
+    /// The founding voters' peer addresses, the same string on each:
+    /// `1=HOST:PORT,2=HOST:PORT,3=HOST:PORT`. Read only while the data directory holds no
+    /// cluster yet.
+    #[arg(long, env = "TTLWHEEL_INITIAL_CLUSTER", requires = "node_id",
+          value_parser = parse_initial_cluster, help_heading = "Cluster")]
+    pub initial_cluster: Option<std::collections::BTreeMap<u64, String>>,
+
+    /// How peers and clients reach this member's API (default: `http://` and `--listen`).
+    #[arg(
+        long,
+        env = "TTLWHEEL_ADVERTISE_API",
+        requires = "node_id",
+        help_heading = "Cluster"
+    )]
+    pub advertise_api: Option<String>,
+
+    /// The secret every peer request is signed with (HMAC-SHA256); the same on every member.
+    /// Required unless `--cluster-listen` is a loopback address.
+    #[arg(
+        long,
+        env = "TTLWHEEL_CLUSTER_SECRET",
+        hide_env_values = true,
+        requires = "node_id",
+        help_heading = "Cluster"
+    )]
+    pub cluster_secret: Option<String>,
+
+    /// Reach peer ID at HOST:PORT instead of the peer address in the membership (a sidecar, a
+    /// NAT, a test's fault proxy): `ID=HOST:PORT`, repeatable or comma-separated.
+    #[arg(long, env = "TTLWHEEL_PEER_ROUTES", value_delimiter = ',', requires = "node_id",
+          value_parser = parse_peer_route, help_heading = "Cluster")]
+    pub peer_route: Vec<(u64, String)>,
+
     #[command(subcommand)]
     pub command: Option<Command>,
 }
@@ -347,6 +396,53 @@ pub enum PublicPath {
 }
 
 impl Config {
+    /// The cluster settings, in cluster mode (`--node-id`); `Err` says why the flags cannot
+    /// run a member (checked before anything starts).
+    pub fn cluster(&self) -> Result<Option<crate::cluster::node::ClusterSettings>, String> {
+        let Some(node_id) = self.node_id else {
+            return Ok(None);
+        };
+        let listen = self
+            .cluster_listen
+            .ok_or("cluster mode (--node-id) needs --cluster-listen HOST:PORT for peer traffic")?;
+        let secret = self
+            .cluster_secret
+            .clone()
+            .filter(|secret| !secret.is_empty());
+        if secret.is_none() && !listen.ip().is_loopback() {
+            return Err(format!(
+                "refusing to listen for peers on {listen} without --cluster-secret (or \
+                 TTLWHEEL_CLUSTER_SECRET): anyone who could reach the port could join the \
+                 cluster's log. Set the same secret on every member, or listen on 127.0.0.1"
+            ));
+        }
+        let Some((data_dir, _)) = self.persistence() else {
+            return Err(
+                "cluster mode keeps its Raft log in --data-dir: it cannot run \
+                        --ephemeral"
+                    .into(),
+            );
+        };
+        let initial = self.initial_cluster.clone().unwrap_or_default();
+        if !initial.is_empty() && !initial.contains_key(&node_id) {
+            return Err(format!(
+                "--initial-cluster does not name this member (--node-id {node_id})"
+            ));
+        }
+        Ok(Some(crate::cluster::node::ClusterSettings {
+            node_id,
+            listen,
+            advertise_api: self
+                .advertise_api
+                .clone()
+                .unwrap_or_else(|| format!("http://{}", self.listen)),
+            initial,
+            secret,
+            peer_routes: self.peer_route.iter().cloned().collect(),
+            dir: data_dir.join("raft"),
+        }))
+    }
+
     /// The secure-by-default rule: without tokens, only a loopback address (unless
     /// `--insecure-no-auth`). The error says how to add tokens.
     pub fn check_secure_start(&self) -> Result<(), String> {
@@ -461,6 +557,45 @@ impl clap::builder::TypedValueParser for SecretParser {
     }
 }
 
+/// `--initial-cluster`: `ID=HOST:PORT` pairs, comma-separated, ids unique and at least 1.
+fn parse_initial_cluster(text: &str) -> Result<std::collections::BTreeMap<u64, String>, String> {
+    let mut members = std::collections::BTreeMap::new();
+    for pair in text
+        .split(',')
+        .map(str::trim)
+        .filter(|pair| !pair.is_empty())
+    {
+        let (id, addr) = parse_peer_route(pair)?;
+        if members.insert(id, addr).is_some() {
+            return Err(format!("member {id} is named twice"));
+        }
+    }
+    if members.is_empty() {
+        return Err("names no member: expected 1=HOST:PORT,2=HOST:PORT,...".into());
+    }
+    Ok(members)
+}
+
+/// One `ID=HOST:PORT`.
+fn parse_peer_route(text: &str) -> Result<(u64, String), String> {
+    let (id, addr) = text
+        .split_once('=')
+        .ok_or_else(|| format!("`{text}` is not ID=HOST:PORT"))?;
+    let id: u64 = id
+        .trim()
+        .parse()
+        .ok()
+        .filter(|&id| id >= 1)
+        .ok_or_else(|| format!("`{id}` is not a member id (1 or more)"))?;
+    let addr = addr.trim();
+    match addr.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+            Ok((id, addr.to_owned()))
+        }
+        _ => Err(format!("`{addr}` is not HOST:PORT")),
+    }
+}
+
 fn parse_positive_duration(text: &str) -> Result<Duration, String> {
     match humantime::parse_duration(text) {
         Ok(duration) if duration.is_zero() => Err("must be longer than zero".into()),
@@ -525,5 +660,84 @@ impl Config {
             FsyncPolicy::Never => FsyncMode::Never,
         };
         Some((&self.data_dir, mode))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(extra: &[&str]) -> Result<Option<crate::cluster::node::ClusterSettings>, String> {
+        let mut args = vec!["ttlwheel", "--node-id", "2"];
+        args.extend_from_slice(extra);
+        Config::try_parse_from(args)
+            .map_err(|error| error.to_string())?
+            .cluster()
+    }
+
+    #[test]
+    fn a_member_gets_its_settings_from_the_flags() {
+        let settings = member(&[
+            "--cluster-listen",
+            "127.0.0.1:7002",
+            "--initial-cluster",
+            "1=127.0.0.1:7001, 2=127.0.0.1:7002,3=h3:7003",
+            "--peer-route",
+            "3=127.0.0.1:9003",
+        ])
+        .unwrap()
+        .expect("cluster mode");
+        assert_eq!(settings.node_id, 2);
+        assert_eq!(settings.initial.len(), 3);
+        assert_eq!(settings.initial[&3], "h3:7003");
+        assert_eq!(settings.peer_routes[&3], "127.0.0.1:9003");
+        assert_eq!(settings.advertise_api, "http://127.0.0.1:7878");
+        assert!(settings.dir.ends_with("raft"));
+        assert!(Config::try_parse_from(["ttlwheel"])
+            .unwrap()
+            .cluster()
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn a_member_that_could_not_run_safely_is_refused_with_the_reason() {
+        let refused = |extra: &[&str], why: &str| {
+            let error = member(extra).expect_err("refused");
+            assert!(error.contains(why), "{extra:?}: {error}");
+        };
+        refused(&[], "--cluster-listen");
+        refused(&["--cluster-listen", "0.0.0.0:7002"], "--cluster-secret");
+        refused(
+            &["--cluster-listen", "127.0.0.1:7002", "--ephemeral"],
+            "--ephemeral",
+        );
+        refused(
+            &[
+                "--cluster-listen",
+                "127.0.0.1:7002",
+                "--initial-cluster",
+                "1=a:1,3=b:2",
+            ],
+            "does not name this member",
+        );
+        for bad in ["1=a:1,1=b:2", "x=a:1", "0=a:1", "1=a", "1=:5", ""] {
+            refused(
+                &[
+                    "--cluster-listen",
+                    "127.0.0.1:7002",
+                    "--initial-cluster",
+                    bad,
+                ],
+                "initial-cluster",
+            );
+        }
+        let with_secret = member(&[
+            "--cluster-listen",
+            "0.0.0.0:7002",
+            "--cluster-secret",
+            "s3cret",
+        ]);
+        assert!(with_secret.unwrap().is_some());
     }
 }

@@ -130,6 +130,8 @@ pub struct Service {
     placement: Placement,
     /// Set once recovery has finished (the key routes then serve): for systemd's `READY=1`.
     ready: Arc<std::sync::atomic::AtomicBool>,
+    /// This member of a cluster (`--node-id`); `None`: a single node.
+    cluster: Option<Arc<cluster::node::Cluster>>,
 }
 
 /// Records appended since the last snapshot that make the next one due: the log then holds
@@ -151,9 +153,49 @@ impl Service {
     /// on the current one).
     pub fn start_on(config: &Config, placement: Placement) -> std::io::Result<Self> {
         let registry = Arc::new(Registry::new(registry_config(config), Instant::now()));
+        Self::assemble(config, placement, registry, None)
+    }
+
+    /// [`Service::start_on`] for what `config` asks: a single node, or, with `--node-id`, a
+    /// cluster member whose registry is fed by its Raft log (`api` is the address the API was
+    /// bound to, advertised unless `--advertise-api` says otherwise).
+    pub async fn start_member(
+        config: &Config,
+        placement: Placement,
+        api: std::net::SocketAddr,
+    ) -> std::io::Result<Self> {
+        let invalid = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, why);
+        let Some(mut settings) = config.cluster().map_err(invalid)? else {
+            return Self::start_on(config, placement);
+        };
+        if config.advertise_api.is_none() {
+            settings.advertise_api = format!("http://{api}");
+        }
+        let replicated = RegistryConfig {
+            replicated: true,
+            ..registry_config(config)
+        };
+        let registry = Arc::new(Registry::new(replicated, Instant::now()));
+        let member = cluster::node::Cluster::start(settings, Arc::clone(&registry))
+            .await
+            .map_err(|error| std::io::Error::other(error.to_string()))?;
+        let member = Arc::new(member);
+        let service = Self::assemble(config, placement, registry, Some(Arc::clone(&member)))?;
+        member.set_api(service.app.clone());
+        Ok(service)
+    }
+
+    /// Builds every part around `registry`; `cluster`: this member's Raft feeds the registry,
+    /// and the single node's data directory is not used.
+    fn assemble(
+        config: &Config,
+        placement: Placement,
+        registry: Arc<Registry>,
+        cluster: Option<Arc<cluster::node::Cluster>>,
+    ) -> std::io::Result<Self> {
         let default_ttl = Ttl::from_secs(config.default_ttl)
             .map_err(|invalid| std::io::Error::new(std::io::ErrorKind::InvalidInput, invalid))?;
-        let persistence = match config.persistence() {
+        let persistence = match config.persistence().filter(|_| cluster.is_none()) {
             Some((path, mode)) => Some((
                 Arc::new(DataDir::open(path).map_err(std::io::Error::other)?),
                 mode,
@@ -214,6 +256,7 @@ impl Service {
             metrics: Arc::clone(&metrics),
             stopped,
             failed,
+            clustered: cluster.is_some(),
         }));
         let app = http::app(http::AppState::new(http::Shared {
             registry: Arc::clone(&registry),
@@ -226,6 +269,7 @@ impl Service {
             hub: Arc::clone(&hub),
             metrics: Arc::clone(&metrics),
             request_timeout: config.request_timeout,
+            cluster: cluster.clone(),
             max_stream_clients: config.max_stream_clients,
             auth: http::auth::AuthState {
                 auth: auth.clone(),
@@ -254,6 +298,7 @@ impl Service {
             tls,
             placement,
             ready,
+            cluster,
         })
     }
 
@@ -308,6 +353,9 @@ impl Service {
         };
         self.notifier.shutdown().await;
         self.observer.abort();
+        if let Some(cluster) = &self.cluster {
+            cluster.shutdown().await;
+        }
         if let Err(error) = recovered {
             return Err(std::io::Error::other(error));
         }
@@ -362,6 +410,9 @@ struct Lifecycle {
     metrics: Arc<Metrics>,
     stopped: tokio::sync::watch::Receiver<bool>,
     failed: tokio::sync::oneshot::Sender<String>,
+    /// A cluster member: its keys change only by committed entries, so this member's ticker
+    /// does not expire them itself (expiry proposals are the next step of issue 28).
+    clustered: bool,
 }
 
 /// Recovers from the data directory (if any), then runs the ticker, and the snapshots, until
@@ -376,6 +427,7 @@ async fn lifecycle(parts: Lifecycle) -> Result<(), String> {
         metrics,
         mut stopped,
         failed,
+        clustered,
     } = parts;
     if let Some((dir, mode)) = &persistence {
         let recovered = tokio::task::spawn_blocking({
@@ -392,6 +444,10 @@ async fn lifecycle(parts: Lifecycle) -> Result<(), String> {
             return Err(error);
         }
         ready.store(true, std::sync::atomic::Ordering::Release);
+    }
+    if clustered {
+        let _ = stopped.wait_for(|&stop| stop).await;
+        return Ok(());
     }
     let mut stopped_for_ticker = stopped.clone();
     let ticker = ticker::run_timed(

@@ -68,8 +68,9 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let address = listener.local_addr().context("reading the bound address")?;
     tracing::info!(%address, max_ttl_s = config.max_ttl, default_ttl_s = config.default_ttl, serving = ?config.serving, threads = config.serving_threads(), "ttlwheel listening on http://{address}");
     let placement = ttlwheel::placement(&config).context("starting the serving threads")?;
-    let service =
-        ttlwheel::Service::start_on(&config, placement).context("ttlwheel cannot start")?;
+    let service = ttlwheel::Service::start_member(&config, placement, address)
+        .await
+        .context("ttlwheel cannot start")?;
     // Under a `Type=notify` systemd unit: READY=1 once recovered (deploy/ttlwheel.service).
     let notifier = tokio::spawn(ttlwheel::systemd::notify_when_ready(service.ready_flag()));
     let served = service.serve(listener, shutdown_signal()).await;

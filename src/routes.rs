@@ -74,6 +74,14 @@ pub const HEALTHZ: Route = Route {
     path: "/healthz",
     methods: &["GET"],
 };
+pub const READYZ: Route = Route {
+    path: "/readyz",
+    methods: &["GET"],
+};
+pub const CLUSTER: Route = Route {
+    path: "/v1/cluster",
+    methods: &["GET"],
+};
 pub const OPENAPI: Route = Route {
     path: "/openapi.yaml",
     methods: &["GET"],
@@ -104,6 +112,8 @@ pub const ALL: &[Route] = &[
     SESSION,
     EVENTS,
     HEALTHZ,
+    READYZ,
+    CLUSTER,
     OPENAPI,
     METRICS,
     DASHBOARD,

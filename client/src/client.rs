@@ -555,6 +555,10 @@ impl Client {
                 code: Code::RouteNotFound,
                 ..
             }) => Err(Error::NotClustered),
+            Err(Error::Api {
+                code: Code::Other(code),
+                ..
+            }) if code == "not_a_cluster" => Err(Error::NotClustered),
             Err(error) => Err(error),
         }
     }

@@ -24,9 +24,9 @@ use crate::backoff;
 use crate::error::{api_error, Error};
 
 /// The header a cluster member that cannot serve a request (a follower that will not forward
-/// it) names the leader's API address in, on a 503: `ttlwheel-leader: http://10.0.0.2:7878`.
+/// it) names the leader's API address in, on a 503: `x-ttlwheel-leader: http://10.0.0.2:7878`.
 /// Single nodes never send it; the cluster (issue 28) is expected to.
-pub const LEADER_HEADER: &str = "ttlwheel-leader";
+pub const LEADER_HEADER: &str = "x-ttlwheel-leader";
 
 /// How calls are retried.
 #[derive(Clone, Debug)]

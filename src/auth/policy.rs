@@ -45,11 +45,18 @@ pub fn access(template: &str, method: &str, public: PublicPaths) -> Access {
         t if t == routes::KEYS.path => Access::Read,
         t if t == routes::KEY.path => read_or_write(Access::Read, Access::DeleteKey),
         t if t == routes::KEY_TTL.path => read_or_write(Access::Read, Access::Admin),
-        t if t == routes::SERVICES.path || t == routes::GUARD.path => Access::ReadAll,
+        t if t == routes::SERVICES.path || t == routes::GUARD.path || t == routes::CLUSTER.path => {
+            Access::ReadAll
+        }
         t if t == routes::EVENTS.path => Access::Read,
-        t if t == routes::HEALTHZ.path && public.healthz => Access::Public,
+        // A load balancer asks both without a token when `/healthz` is public.
+        t if (t == routes::HEALTHZ.path || t == routes::READYZ.path) && public.healthz => {
+            Access::Public
+        }
         t if t == routes::METRICS.path && public.metrics => Access::Public,
-        t if t == routes::HEALTHZ.path || t == routes::METRICS.path => Access::ReadAll,
+        t if t == routes::HEALTHZ.path || t == routes::READYZ.path || t == routes::METRICS.path => {
+            Access::ReadAll
+        }
         t if t == routes::OPENAPI.path
             || t == routes::DASHBOARD.path
             || t == routes::SESSION.path =>

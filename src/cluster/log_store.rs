@@ -170,6 +170,12 @@ impl LogStore {
         })
     }
 
+    /// The last log id known to be committed (what `GET /v1/cluster` shows as
+    /// `committed_index`).
+    pub fn committed(&self) -> Option<LogId> {
+        self.shared.state.lock().committed
+    }
+
     /// The entries in `range` still in the log, read back from their segments.
     fn entries(&self, range: impl RangeBounds<u64>) -> Result<Vec<Entry>, StoreError> {
         let state = self.shared.state.lock();

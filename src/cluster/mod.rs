@@ -1,10 +1,15 @@
 //! Cluster mode (issue 28, docs/cluster-design.md): ttlwheel replicated with openraft.
 //!
-//! **Not wired in yet.** Steps 1 and 2 of the design's order of work: the storage openraft runs
-//! on and the lease rules, with no network and no flags. Nothing outside this module and its
-//! tests uses it; a single node (every run today) never touches it. It is `pub` so the
-//! integration tests (`tests/it/cluster_storage.rs`, openraft's storage suite) can build it.
+//! **In progress** (steps 1-3 of the design's order of work): the storage openraft runs on, the
+//! lease rules (pure, not yet wired), the network, the peer listener and the member itself. On
+//! only with `--node-id` (`Service::start_member`); a single node never touches it. Not yet:
+//! expiry through the log, the lease rules in force, events from committed entries, joining
+//! and removing members.
 //!
+//! - [`node`]: a running member ([`node::Cluster`]): storage, openraft, bootstrap, proposals,
+//!   forwarding, the status `GET /v1/cluster` shows.
+//! - [`network`], [`peer_server`], [`auth`], [`forward`]: peer traffic over HTTP on
+//!   `--cluster-listen`, signed with `--cluster-secret`; API requests carried to the leader.
 //! - [`types`]: the Raft type configuration, [`types::Command`] (the records one entry
 //!   carries), [`types::Member`], [`types::SnapshotFile`].
 //! - [`log_store`]: the Raft log on disk (segments in `persist::log`'s framing, vote,
@@ -19,8 +24,13 @@
 //! One error type, [`StoreError`], for the storage boundary; openraft gets it as its
 //! `StorageError` (the operation and subject it failed on, and this error's message).
 
+pub mod auth;
+pub mod forward;
 pub mod lease;
 pub mod log_store;
+pub mod network;
+pub mod node;
+pub mod peer_server;
 pub mod snapshot;
 pub mod state_machine;
 pub mod types;

@@ -12,7 +12,7 @@ use serde_json::json;
 use crate::registry::RegistryError;
 use crate::types::InvalidInput;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum ApiError {
     #[error("{0}")]
     InvalidJson(String),
@@ -75,6 +75,18 @@ pub enum ApiError {
     /// The service is still recovering its state from the data directory.
     #[error("the service is recovering its state from disk; try again shortly")]
     Recovering,
+    /// A change a cluster member cannot make yet (issue 28 lands in steps).
+    #[error("{0}: not yet supported on a cluster member")]
+    NotInClusterYet(String),
+    /// A cluster route on a single node.
+    #[error("this server is a single node: it is not a cluster member (start it with --node-id)")]
+    NotACluster,
+    /// A cluster member that knows no leader, or cannot reach it.
+    #[error("{0}")]
+    NoLeader(String),
+    /// The leader could not get its change committed on a quorum in time.
+    #[error("{0}")]
+    NoQuorum(String),
     /// A bug or a failure of ours; the detail is logged, not sent.
     #[error("internal error")]
     Internal(String),
@@ -95,11 +107,12 @@ impl ApiError {
             // A capacity limit, not a malformed request: 429 says "later", as etcd's
             // ResourceExhausted does over HTTP; keys free up as they expire or are deleted.
             Self::TooManyKeys(_) => StatusCode::TOO_MANY_REQUESTS,
-            Self::KeyNotFound | Self::DeadLetterNotFound(_) | Self::RouteNotFound(_) => {
-                StatusCode::NOT_FOUND
-            }
+            Self::KeyNotFound
+            | Self::DeadLetterNotFound(_)
+            | Self::RouteNotFound(_)
+            | Self::NotACluster => StatusCode::NOT_FOUND,
             Self::WebhookQueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
-            Self::GuardReleasing(_) => StatusCode::CONFLICT,
+            Self::GuardReleasing(_) | Self::NotInClusterYet(_) => StatusCode::CONFLICT,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
@@ -107,7 +120,10 @@ impl ApiError {
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Self::StorageUnavailable(_) | Self::Recovering => StatusCode::SERVICE_UNAVAILABLE,
+            Self::StorageUnavailable(_)
+            | Self::Recovering
+            | Self::NoLeader(_)
+            | Self::NoQuorum(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -137,6 +153,10 @@ impl ApiError {
             Self::UnsupportedMediaType => "unsupported_media_type",
             Self::StorageUnavailable(_) => "storage_unavailable",
             Self::Recovering => "recovering",
+            Self::NotACluster => "not_a_cluster",
+            Self::NotInClusterYet(_) => "not_in_cluster_yet",
+            Self::NoLeader(_) => "no_leader",
+            Self::NoQuorum(_) => "no_quorum",
             Self::Internal(_) => "internal",
         }
     }
@@ -171,6 +191,9 @@ impl From<RegistryError> for ApiError {
             RegistryError::TooManyServices => Self::TooManyServices(error.to_string()),
             RegistryError::TooManyKeys { .. } => Self::TooManyKeys(error.to_string()),
             RegistryError::StorageUnavailable => Self::StorageUnavailable(error.to_string()),
+            // The cluster-aware handlers propose these; one that reaches here is a route that
+            // does not go through the log yet.
+            RegistryError::NeedsLog => Self::NotInClusterYet(error.to_string()),
         }
     }
 }

@@ -12,9 +12,10 @@ use super::error::ApiError;
 use super::extract::{
     parse_json, JsonBytes, QueryParams, Ready, ReturnMinimal, BATCH_BODY_LIMIT, BODY_LIMIT,
 };
-use super::{rfc3339, AppState, Rfc3339};
+use super::{replicate, rfc3339, AppState, Rfc3339};
 use crate::expiry::TimerKind;
-use crate::registry::{Heartbeat, HeartbeatOutcome};
+use crate::persist::record::Record;
+use crate::registry::{Heartbeat, HeartbeatOutcome, RegistryError};
 use crate::types::{Key, Meta, ServiceName, Ttl};
 
 /// Most heartbeats in one batch.
@@ -62,7 +63,15 @@ pub async fn heartbeats_post(
     JsonBytes(body): JsonBytes<BODY_LIMIT>,
 ) -> Result<Response, ApiError> {
     let body: HeartbeatBody<'_> = parse_json(&body)?;
-    let (key, outcome) = apply(&state, &caller, body, Instant::now())?;
+    let now = Instant::now();
+    let (key, outcome) = match apply(&state, &caller, body, now)? {
+        Step::Done(key, outcome) => (key, outcome),
+        Step::Log(heartbeat, record, created) => {
+            replicate::propose(&state, vec![record]).await?;
+            let outcome = state.registry.outcome_after_log(&heartbeat, created, now);
+            (heartbeat.key, outcome)
+        }
+    };
     state.durable(Some(outcome.lsn)).await?;
     Ok(if minimal {
         (
@@ -139,11 +148,12 @@ pub async fn heartbeats_batch(
             got: batch.heartbeats.len(),
         });
     }
-    let outcomes = in_chunks(&batch.heartbeats, |item, now| {
+    let steps = in_chunks(&batch.heartbeats, |item, now| {
         parse_json::<HeartbeatBody<'_>>(item.get().as_bytes())
             .and_then(|body| apply(&state, &caller, body, now))
     })
     .await;
+    let outcomes = through_the_log(&state, steps).await;
     // One wait for the whole batch: its last record's sync covers every earlier one.
     let last_lsn = outcomes
         .iter()
@@ -183,6 +193,39 @@ pub async fn heartbeats_batch(
     })
 }
 
+/// The items of a batch that need the log (cluster mode) proposed as one entry; every item's
+/// outcome. A proposal that fails fails each of its items with its error.
+async fn through_the_log(
+    state: &AppState,
+    steps: Vec<Result<Step, ApiError>>,
+) -> Vec<Result<(Key, HeartbeatOutcome), ApiError>> {
+    let records: Vec<_> = steps
+        .iter()
+        .filter_map(|step| match step {
+            Ok(Step::Log(_, record, _)) => Some(record.clone()),
+            _ => None,
+        })
+        .collect();
+    let proposed = match records.is_empty() {
+        true => Ok(()),
+        false => replicate::propose(state, records).await,
+    };
+    let now = Instant::now();
+    steps
+        .into_iter()
+        .map(|step| match step? {
+            Step::Done(key, outcome) => Ok((key, outcome)),
+            Step::Log(heartbeat, _, created) => match &proposed {
+                Ok(()) => {
+                    let outcome = state.registry.outcome_after_log(&heartbeat, created, now);
+                    Ok((heartbeat.key, outcome))
+                }
+                Err(error) => Err(error.clone()),
+            },
+        })
+        .collect()
+}
+
 /// `apply(item, now)` for each item in order, [`BATCH_CHUNK`] at a time, yielding between
 /// chunks. Each chunk has its own `now`: the items of a batch are independent heartbeats, and
 /// a chunk applied after a yield must not use a time the ticker may already have swept past.
@@ -198,14 +241,23 @@ async fn in_chunks<T, R>(items: &[T], mut apply: impl FnMut(&T, Instant) -> R) -
     outcomes
 }
 
+/// What became of one heartbeat.
+enum Step {
+    /// Applied: the key and what happened.
+    Done(Key, HeartbeatOutcome),
+    /// A cluster member's change: the record to propose, and whether it creates the key.
+    Log(Heartbeat, Record, bool),
+}
+
 /// Validates one heartbeat, checks the caller may send it (a batch item outside the token's
-/// scope gets its own 403), and hands it to the registry; returns the key and what happened.
+/// scope gets its own 403), and hands it to the registry; in a cluster, a heartbeat that
+/// changes more than the deadline comes back as the record to propose.
 fn apply(
     state: &AppState,
     caller: &Caller,
     body: HeartbeatBody<'_>,
     now: Instant,
-) -> Result<(Key, HeartbeatOutcome), ApiError> {
+) -> Result<Step, ApiError> {
     let key = Key::new(&body.key)?;
     let ttl = match (body.ttl_s, body.ttl_ms) {
         (Some(_), Some(_)) => {
@@ -227,8 +279,14 @@ fn apply(
         meta,
     };
     let key = heartbeat.key.clone();
-    let outcome = state.registry.heartbeat(heartbeat, now)?;
-    Ok((key, outcome))
+    match state.registry.heartbeat(heartbeat.clone(), now) {
+        Ok(outcome) => Ok(Step::Done(key, outcome)),
+        Err(RegistryError::NeedsLog) => {
+            let (record, created) = state.registry.upsert_for(&heartbeat, now);
+            Ok(Step::Log(heartbeat, record, created))
+        }
+        Err(error) => Err(error.into()),
+    }
 }
 
 /// The answer to one accepted heartbeat.

@@ -13,6 +13,7 @@ use super::{rfc3339, Rfc3339};
 use crate::expiry::TimerKind;
 use crate::registry::{
     ExpireAt, ExpireCondition, ExpireOutcome, ExpiredView, KeyState, KeyView, ListFilter,
+    RegistryError,
 };
 use crate::types::{Key, ServiceName};
 
@@ -217,7 +218,18 @@ pub async fn keys_delete(
     KeyPath(key): KeyPath,
 ) -> Result<StatusCode, ApiError> {
     check_key(&state, &caller, &key, Caller::check_delete)?;
-    if state.registry.delete(&key, Instant::now())? {
+    let now = Instant::now();
+    let deleted = match state.registry.delete(&key, now) {
+        Err(RegistryError::NeedsLog) => match state.registry.deletion_for(&key, now) {
+            Some(record) => {
+                super::replicate::propose(&state, vec![record]).await?;
+                true
+            }
+            None => false,
+        },
+        deleted => deleted?,
+    };
+    if deleted {
         state.durable(None).await?;
         Ok(StatusCode::NO_CONTENT)
     } else {

@@ -5,6 +5,7 @@
 //! registry lock across an `.await`: each registry call is synchronous and short.
 
 pub mod auth;
+pub mod cluster;
 pub mod dashboard;
 pub mod error;
 pub mod events;
@@ -14,6 +15,7 @@ pub mod health;
 pub mod heartbeats;
 pub mod keys;
 pub mod observe;
+pub mod replicate;
 pub mod services;
 pub mod webhooks;
 
@@ -108,6 +110,8 @@ pub struct Shared {
     pub max_stream_clients: usize,
     /// Tokens and sessions (auth is off without `--auth-tokens`).
     pub auth: auth::AuthState,
+    /// This member of a cluster; `None`: a single node.
+    pub cluster: Option<Arc<crate::cluster::node::Cluster>>,
 }
 
 /// The API router.
@@ -144,12 +148,18 @@ pub fn app(state: AppState) -> Router {
             post(auth::session_create).delete(auth::session_end),
         )
         .route(routes::HEALTHZ.path, get(health::healthz))
+        .route(routes::READYZ.path, get(cluster::readyz))
+        .route(routes::CLUSTER.path, get(cluster::cluster_status))
         .route(routes::OPENAPI.path, get(health::openapi_yaml))
         .route(routes::EVENTS.path, get(events::events_stream))
         .route(routes::METRICS.path, get(observe::metrics_text))
         .route(routes::DASHBOARD.path, get(dashboard::dashboard))
         .fallback(route_not_found)
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            replicate::forward_to_leader,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.auth.clone(),
             auth::authenticate,

@@ -28,6 +28,7 @@ pub mod guard;
 mod holding;
 mod listing;
 mod ops;
+mod replicated;
 mod services;
 mod shard;
 mod slots;
@@ -87,6 +88,10 @@ pub struct RegistryConfig {
     pub guard: GuardConfig,
     /// The most keys indexed at once (`--max-keys`): a creation past it is refused.
     pub max_keys: u64,
+    /// A cluster member's registry: keys change only by committed log entries (the state
+    /// machine's `restore`). Requests may renew a key in memory, nothing else: a change that
+    /// needs a record answers [`RegistryError::NeedsLog`], and no key is expired on access.
+    pub replicated: bool,
 }
 
 impl Default for RegistryConfig {
@@ -102,6 +107,7 @@ impl Default for RegistryConfig {
             stale_slack: 4096,
             guard: GuardConfig::default(),
             max_keys: 50_000_000,
+            replicated: false,
         }
     }
 }
@@ -316,6 +322,14 @@ impl Registry {
         })
     }
 
+    /// In a cluster member, every change but a renewal is a log entry.
+    fn refuse_if_replicated(&self) -> Result<(), RegistryError> {
+        if self.config.replicated {
+            return Err(RegistryError::NeedsLog);
+        }
+        Ok(())
+    }
+
     /// The alive key, if any.
     pub fn get(&self, key: &Key, now: Instant) -> Option<KeyView> {
         let now = self.clock.at(now);
@@ -331,12 +345,14 @@ impl Registry {
 
     /// PERSIST: `None` when the key is missing, else whether a TTL was removed.
     pub fn persist(&self, key: &Key, now: Instant) -> Result<Option<bool>, RegistryError> {
+        self.refuse_if_replicated()?;
         let now = self.clock.at(now);
         self.with_shard(key, |shard, hash, ctx| shard.persist((key, hash), ctx, now))
     }
 
     /// DEL: whether the key existed. Publishes a `deleted` event.
     pub fn delete(&self, key: &Key, now: Instant) -> Result<bool, RegistryError> {
+        self.refuse_if_replicated()?;
         let now = self.clock.at(now);
         self.with_shard(key, |shard, hash, ctx| shard.delete((key, hash), ctx, now))
     }
@@ -349,6 +365,7 @@ impl Registry {
         condition: Option<ExpireCondition>,
         now: Instant,
     ) -> Result<ExpireOutcome, RegistryError> {
+        self.refuse_if_replicated()?;
         let now = self.clock.at(now);
         let now_ms = now.ms as i64;
         let (target_ms, ttl_ms) = match at {

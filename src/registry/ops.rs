@@ -142,6 +142,10 @@ pub enum RegistryError {
          durable are refused until it can; renewals of existing keys still work"
     )]
     StorageUnavailable,
+    /// A cluster member's registry changes only by committed log entries: the change must be
+    /// proposed to the log (the caller does that), and nothing was changed here.
+    #[error("in a cluster this change goes through the replicated log")]
+    NeedsLog,
 }
 
 /// Per-service counts for the services overview.

@@ -315,6 +315,9 @@ impl Shard {
                     .as_ref()
                     .is_some_and(|meta| entry.meta.as_ref() != Some(meta))
         });
+        if durable_change && ctx.config.replicated {
+            return Err(RegistryError::NeedsLog);
+        }
         if durable_change && ctx.refuses_durable_writes() {
             return Err(RegistryError::StorageUnavailable);
         }
@@ -1130,7 +1133,11 @@ impl Shard {
     fn find_alive(&mut self, key: Keyed<'_>, ctx: &Ctx<'_>, now_ms: u64) -> Option<SlotId> {
         let slot = self.find(key)?;
         let entry = self.slots.entry(slot);
-        if entry.deadline_ms > now_ms || matches!(entry.timer.get(), Timer::Held { .. }) {
+        // A cluster member's keys leave only by committed entries: a due key is still there.
+        if entry.deadline_ms > now_ms
+            || matches!(entry.timer.get(), Timer::Held { .. })
+            || ctx.config.replicated
+        {
             return Some(slot);
         }
         if ctx.holding {

@@ -232,6 +232,14 @@ async fn every_route_answers_each_kind_of_token_as_its_scope_says() {
             None,
             [200, 200, 200, 200, 200, 200],
         ),
+        (Method::GET, "/readyz", None, [200, 200, 200, 200, 200, 200]),
+        // A single node: a caller who may read everything learns it is not a cluster.
+        (
+            Method::GET,
+            "/v1/cluster",
+            None,
+            [401, 401, 404, 404, 403, 403],
+        ),
         (
             Method::GET,
             "/openapi.yaml",

@@ -45,7 +45,7 @@ pub fn dead_endpoint() -> String {
 }
 
 /// A real listener that answers every request `503 recovering`, optionally naming a leader in
-/// the `ttlwheel-leader` header; counts the requests. Stops when dropped.
+/// the `x-ttlwheel-leader` header; counts the requests. Stops when dropped.
 pub struct Answers503 {
     pub base: String,
     pub hits: Arc<AtomicUsize>,
@@ -98,7 +98,7 @@ impl Answers503 {
                     counted.fetch_add(1, Ordering::SeqCst);
                     let body = r#"{"error":{"code":"recovering","message":"the service is recovering its state from disk; try again shortly"}}"#;
                     let leader = leader
-                        .map(|leader| format!("ttlwheel-leader: {leader}\r\n"))
+                        .map(|leader| format!("x-ttlwheel-leader: {leader}\r\n"))
                         .unwrap_or_default();
                     let answer = format!(
                         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n{leader}content-length: {}\r\nconnection: close\r\n\r\n{body}",

@@ -1,0 +1,535 @@
+//! A cluster member: its Raft (openraft over our log store, state machine and network), its
+//! peer listener, its bootstrap, and what the API asks of it (who leads, proposing a command,
+//! forwarding, the status `GET /v1/cluster` shows).
+//!
+//! - **Bootstrap**: with no cluster in its data directory, the member whose id is the smallest
+//!   of `--initial-cluster` initializes it with every founding voter (openraft must be
+//!   initialized on exactly one member); the others wait to be contacted. Once a cluster exists
+//!   (a vote or a log), `--initial-cluster` is not read.
+//! - **API addresses**: `--initial-cluster` names peer addresses only, so the founding
+//!   membership knows only the initializer's API address. The leader asks each member whose
+//!   API address it lacks (`POST /raft/info`) and writes it into the membership (openraft's
+//!   `SetNodes`, which keeps every peer address as it is: no risk of two leaders).
+//! - **Proposals** wait for the entry to be applied here, at most [`PROPOSE_TIMEOUT`]; past it
+//!   the caller answers 503 `no_quorum` (the entry may still commit later: the client retries,
+//!   and every record is a whole state, so a retry is harmless).
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::Request;
+use axum::response::Response;
+use axum::Router;
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{ChangeMembers, Raft, ServerState};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+
+use super::auth::PeerAuth;
+use super::log_store::LogStore;
+use super::network::{route, Contacts, PeerNetwork, Peers};
+use super::peer_server::{self, PeerState};
+use super::state_machine::StateMachine;
+use super::types::{Applied, Command, Member, NodeId, TypeConfig};
+use super::{forward, StoreError};
+use crate::registry::Registry;
+
+/// How long a proposal may wait for its entry to be applied before the caller gives up.
+pub const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
+/// A member heard from its quorum (leader) or its leader (follower) within this is "in a
+/// quorum" for `/readyz`: openraft's `election_timeout_min`, past which a follower would call
+/// an election.
+const IN_QUORUM_WITHIN: Duration = Duration::from_millis(1_000);
+/// How often the leader looks for members whose API address it lacks.
+const API_ADDRESSES_EVERY: Duration = Duration::from_secs(1);
+
+/// How a member runs: its flags, resolved.
+#[derive(Clone, Debug)]
+pub struct ClusterSettings {
+    /// `--node-id`.
+    pub node_id: NodeId,
+    /// `--cluster-listen`.
+    pub listen: SocketAddr,
+    /// `--advertise-api`: the URL clients and peers reach this member's API at.
+    pub advertise_api: String,
+    /// `--initial-cluster`: the founding voters' peer addresses.
+    pub initial: BTreeMap<NodeId, String>,
+    /// `--cluster-secret`.
+    pub secret: Option<String>,
+    /// `--peer-route`: peers dialled somewhere other than their peer address.
+    pub peer_routes: HashMap<NodeId, String>,
+    /// Where the Raft log and snapshots live (`<data-dir>/raft`).
+    pub dir: PathBuf,
+}
+
+/// A member that cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("cannot listen for peers on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cannot build the peer client: {0}")]
+    Client(#[from] reqwest::Error),
+    #[error("openraft refused to start: {0}")]
+    Raft(String),
+}
+
+/// Why a proposal was not applied.
+#[derive(Debug, thiserror::Error)]
+pub enum ProposeError {
+    #[error("this member does not lead; the leader is {leader:?}")]
+    NotLeader { leader: Option<NodeId> },
+    #[error("no quorum answered within {0:?}: the change may still be applied; retry")]
+    NoQuorum(Duration),
+    #[error("the cluster member is stopping or failed: {0}")]
+    Stopped(String),
+}
+
+/// A member's role, as `GET /v1/cluster` names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Leader,
+    Follower,
+    Learner,
+    Candidate,
+    Stopped,
+}
+
+impl From<ServerState> for Role {
+    fn from(state: ServerState) -> Self {
+        match state {
+            ServerState::Leader => Self::Leader,
+            ServerState::Follower => Self::Follower,
+            ServerState::Learner => Self::Learner,
+            ServerState::Candidate => Self::Candidate,
+            ServerState::Shutdown => Self::Stopped,
+        }
+    }
+}
+
+/// One member, as `GET /v1/cluster` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberStatus {
+    pub id: NodeId,
+    pub peer_addr: String,
+    /// Empty until the leader has learnt it.
+    pub api_addr: String,
+    pub voter: bool,
+    /// The last entry known replicated to it (the leader knows; `null` elsewhere).
+    pub matched_index: Option<u64>,
+    /// Milliseconds since this member last heard from it: for the leader, since the send of
+    /// its newest answered request; for a follower, only the leader's contact is known.
+    pub last_contact_ms: Option<u64>,
+}
+
+/// What `GET /v1/cluster` answers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    pub node_id: NodeId,
+    pub role: Role,
+    pub leader_id: Option<NodeId>,
+    pub leader_api: Option<String>,
+    pub term: u64,
+    /// 0 before anything is committed.
+    pub committed_index: u64,
+    /// 0 before anything is applied.
+    pub applied_index: u64,
+    pub members: Vec<MemberStatus>,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A running member. See the module documentation.
+pub struct Cluster {
+    id: NodeId,
+    raft: Raft<TypeConfig>,
+    log: LogStore,
+    peers: Arc<Peers>,
+    contacts: Arc<Contacts>,
+    /// When this member last accepted an AppendEntries from a leader.
+    leader_contact: Arc<Mutex<Option<Instant>>>,
+    /// The API's router, for requests forwarded to this member.
+    api: Arc<OnceLock<Router>>,
+    advertise_api: String,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// openraft's settings (docs/cluster-design.md, section 8).
+fn raft_config() -> Result<Arc<openraft::Config>, ClusterError> {
+    let config = openraft::Config {
+        cluster_name: "ttlwheel".into(),
+        // Also the AppendEntries timeout (openraft replication/mod.rs): payloads are capped so
+        // that one ships well within it.
+        heartbeat_interval: 150,
+        election_timeout_min: 1_000,
+        election_timeout_max: 2_000,
+        max_payload_entries: 64,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(1_000_000),
+        ..Default::default()
+    };
+    config
+        .validate()
+        .map(Arc::new)
+        .map_err(|error| ClusterError::Raft(error.to_string()))
+}
+
+impl Cluster {
+    /// Opens the member's storage under `settings.dir`, starts its Raft over `registry` (which
+    /// the state machine fills), listens for peers, and initializes the cluster if this member
+    /// founds it.
+    pub async fn start(
+        settings: ClusterSettings,
+        registry: Arc<Registry>,
+    ) -> Result<Self, ClusterError> {
+        let listener =
+            TcpListener::bind(settings.listen)
+                .await
+                .map_err(|source| ClusterError::Listen {
+                    addr: settings.listen,
+                    source,
+                })?;
+        let bound = listener
+            .local_addr()
+            .map_err(|source| ClusterError::Listen {
+                addr: settings.listen,
+                source,
+            })?;
+        let (log_dir, sm_dir) = (settings.dir.join("log"), settings.dir.join("snapshots"));
+        let (log, machine) = tokio::task::spawn_blocking(move || {
+            Ok::<_, StoreError>((
+                LogStore::open(&log_dir)?,
+                StateMachine::open(&sm_dir, registry)?,
+            ))
+        })
+        .await
+        .map_err(|error| StoreError::Task(error.to_string()))??;
+        let auth = PeerAuth::new(settings.secret.as_deref());
+        let contacts = Arc::new(Contacts::default());
+        let peers = Arc::new(Peers::new(
+            auth.clone(),
+            settings.peer_routes.clone(),
+            Arc::clone(&contacts),
+        )?);
+        let network = PeerNetwork {
+            peers: Arc::clone(&peers),
+        };
+        let raft = Raft::new(
+            settings.node_id,
+            raft_config()?,
+            network,
+            log.clone(),
+            machine,
+        )
+        .await
+        .map_err(|error| ClusterError::Raft(error.to_string()))?;
+        let api = Arc::new(OnceLock::new());
+        let leader_contact = Arc::new(Mutex::new(None));
+        let peer_state = PeerState {
+            raft: raft.clone(),
+            auth,
+            api: Arc::clone(&api),
+            advertise_api: settings.advertise_api.clone(),
+            leader_contact: Arc::clone(&leader_contact),
+        };
+        let server = tokio::spawn(async move {
+            let router = peer_server::router(peer_state);
+            if let Err(error) = axum::serve(listener, router).await {
+                tracing::error!(%error, "the peer listener failed");
+            }
+        });
+        tracing::info!(node_id = settings.node_id, peer_listen = %bound, "cluster member started");
+        let cluster = Self {
+            id: settings.node_id,
+            raft,
+            log,
+            peers,
+            contacts,
+            leader_contact,
+            api,
+            advertise_api: settings.advertise_api.clone(),
+            tasks: vec![server],
+        };
+        cluster.bootstrap(&settings).await?;
+        Ok(cluster.with_api_address_task())
+    }
+
+    /// Initializes the cluster if none exists and this member has the smallest founding id.
+    async fn bootstrap(&self, settings: &ClusterSettings) -> Result<(), ClusterError> {
+        let initialized = self
+            .raft
+            .is_initialized()
+            .await
+            .map_err(|error| ClusterError::Raft(error.to_string()))?;
+        let founder = settings.initial.keys().next() == Some(&self.id);
+        if initialized || !founder {
+            return Ok(());
+        }
+        let members: BTreeMap<NodeId, Member> = settings
+            .initial
+            .iter()
+            .map(|(&id, peer_addr)| {
+                let api_addr = if id == self.id {
+                    settings.advertise_api.clone()
+                } else {
+                    String::new()
+                };
+                let peer_addr = peer_addr.clone();
+                (
+                    id,
+                    Member {
+                        peer_addr,
+                        api_addr,
+                    },
+                )
+            })
+            .collect();
+        tracing::info!(?members, "founding the cluster");
+        match self.raft.initialize(members).await {
+            Ok(()) => Ok(()),
+            // Another start of this member got there first (a restart mid-bootstrap).
+            Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => Ok(()),
+            Err(error) => Err(ClusterError::Raft(error.to_string())),
+        }
+    }
+
+    /// Starts the leader's task that fills in members' API addresses.
+    fn with_api_address_task(mut self) -> Self {
+        let (raft, peers, id) = (self.raft.clone(), Arc::clone(&self.peers), self.id);
+        self.tasks.push(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(API_ADDRESSES_EVERY).await;
+                fill_in_api_addresses(&raft, &peers, id).await;
+            }
+        }));
+        self
+    }
+
+    /// Sets the API router requests forwarded to this member are served by.
+    pub fn set_api(&self, api: Router) {
+        let _ = self.api.set(api);
+    }
+
+    /// This member's id.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// The Raft handle (tests and the membership routes).
+    pub fn raft(&self) -> &Raft<TypeConfig> {
+        &self.raft
+    }
+
+    /// Whether this member leads now.
+    pub fn is_leader(&self) -> bool {
+        self.raft.metrics().borrow().current_leader == Some(self.id)
+    }
+
+    /// The leader this member knows of, with its addresses.
+    pub fn leader(&self) -> Option<(NodeId, Member)> {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        let leader = metrics.current_leader?;
+        let member = metrics
+            .membership_config
+            .membership()
+            .get_node(&leader)
+            .cloned()?;
+        Some((leader, member))
+    }
+
+    /// Appends `command` to the log and waits until it is applied here.
+    pub async fn propose(&self, command: Command) -> Result<Applied, ProposeError> {
+        let written = tokio::time::timeout(PROPOSE_TIMEOUT, self.raft.client_write(command)).await;
+        match written {
+            Err(_) => Err(ProposeError::NoQuorum(PROPOSE_TIMEOUT)),
+            Ok(Ok(response)) => Ok(response.data),
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward)))) => {
+                Err(ProposeError::NotLeader {
+                    leader: forward.leader_id,
+                })
+            }
+            Ok(Err(error)) => Err(ProposeError::Stopped(error.to_string())),
+        }
+    }
+
+    /// Forwards `request` to the leader; 503 `no_leader` when none is known or reachable.
+    pub async fn forward(&self, request: Request<Body>) -> Response {
+        match self.leader() {
+            Some((leader, _)) if leader == self.id => forward::unavailable(
+                "no_leader",
+                "this member leads, but the request was forwarded to it as to a follower".into(),
+            ),
+            Some((leader, member)) => {
+                let addr = self.peers.address_of(leader, &member);
+                forward::to_leader(&self.peers, &addr, &member.api_addr, request).await
+            }
+            None => forward::unavailable(
+                "no_leader",
+                "no leader is known: an election is under way or no quorum is reachable".into(),
+            ),
+        }
+    }
+
+    /// What `GET /v1/cluster` shows.
+    pub fn status(&self) -> ClusterStatus {
+        let metrics = self.raft.metrics().borrow().clone();
+        let now = Instant::now();
+        let membership = metrics.membership_config.membership();
+        let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
+        let leading = metrics.current_leader == Some(self.id);
+        let since = |at: Instant| Some(now.saturating_duration_since(at).as_millis() as u64);
+        let members = membership
+            .nodes()
+            .map(|(&id, member)| {
+                let matched_index = metrics
+                    .replication
+                    .as_ref()
+                    .and_then(|replication| replication.get(&id).copied().flatten())
+                    .map(|log_id| log_id.index);
+                let last_contact_ms = if id == self.id {
+                    Some(0)
+                } else if leading {
+                    self.contacts.last(id).and_then(|(_, at)| since(at))
+                } else if metrics.current_leader == Some(id) {
+                    (*self.leader_contact.lock()).and_then(since)
+                } else {
+                    None
+                };
+                MemberStatus {
+                    id,
+                    peer_addr: member.peer_addr.clone(),
+                    api_addr: member.api_addr.clone(),
+                    voter: voters.contains(&id),
+                    matched_index,
+                    last_contact_ms,
+                }
+            })
+            .collect();
+        let leader_api = metrics
+            .current_leader
+            .and_then(|leader| membership.get_node(&leader))
+            .map(|member| member.api_addr.clone())
+            .filter(|api| !api.is_empty());
+        ClusterStatus {
+            node_id: self.id,
+            role: metrics.state.into(),
+            leader_id: metrics.current_leader,
+            leader_api,
+            term: metrics.current_term,
+            committed_index: self.log.committed().map_or(0, |log_id| log_id.index),
+            applied_index: metrics.last_applied.map_or(0, |log_id| log_id.index),
+            members,
+        }
+    }
+
+    /// Whether this member should take traffic (`GET /readyz`); the reason when not.
+    pub fn readiness(&self) -> Result<(), String> {
+        let metrics = self.raft.metrics().borrow().clone();
+        let applied = metrics.last_applied.map_or(0, |log_id| log_id.index);
+        let committed = self.log.committed().map_or(0, |log_id| log_id.index);
+        let recent = |at: Option<Instant>| at.is_some_and(|at| at.elapsed() < IN_QUORUM_WITHIN);
+        match metrics.current_leader {
+            None => Err("no leader is known".into()),
+            Some(leader) if leader == self.id => match metrics.millis_since_quorum_ack {
+                Some(ms) if u128::from(ms) < IN_QUORUM_WITHIN.as_millis() => {
+                    if applied >= committed {
+                        Ok(())
+                    } else {
+                        Err(format!("applying: {applied} of {committed}"))
+                    }
+                }
+                _ => Err("this leader has not heard from a quorum recently".into()),
+            },
+            Some(_) if !recent(*self.leader_contact.lock()) => {
+                Err("this member has not heard from the leader recently".into())
+            }
+            Some(_) if applied < committed => Err(format!("catching up: {applied} of {committed}")),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// This member's API address.
+    pub fn advertise_api(&self) -> &str {
+        &self.advertise_api
+    }
+
+    /// Stops Raft and the peer listener.
+    pub async fn shutdown(&self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+        if let Err(error) = self.raft.shutdown().await {
+            tracing::warn!(%error, "openraft did not stop cleanly");
+        }
+    }
+}
+
+/// What `POST /raft/info` answers: who a member is.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct MemberInfo {
+    pub node_id: NodeId,
+    pub api_addr: String,
+}
+
+/// On the leader: asks members without an API address for theirs and writes them into the
+/// membership. A member that does not answer is asked again next time.
+async fn fill_in_api_addresses(raft: &Raft<TypeConfig>, peers: &Peers, id: NodeId) {
+    let membership = {
+        let metrics = raft.metrics();
+        let metrics = metrics.borrow();
+        if metrics.current_leader != Some(id) {
+            return;
+        }
+        metrics.membership_config.membership().clone()
+    };
+    let mut learnt = BTreeMap::new();
+    for (&peer, member) in membership.nodes() {
+        if !member.api_addr.is_empty() {
+            continue;
+        }
+        let addr = peers.address_of(peer, member);
+        let asked = peers
+            .post(&addr, route::INFO, Vec::new(), &[], Duration::from_secs(2))
+            .await;
+        let Ok((status, body)) = asked else { continue };
+        let Ok(info) = serde_json::from_slice::<MemberInfo>(&body) else {
+            continue;
+        };
+        if status.is_success() && info.node_id == peer && !info.api_addr.is_empty() {
+            let peer_addr = member.peer_addr.clone();
+            learnt.insert(
+                peer,
+                Member {
+                    peer_addr,
+                    api_addr: info.api_addr,
+                },
+            );
+        }
+    }
+    if learnt.is_empty() {
+        return;
+    }
+    if let Err(error) = raft
+        .change_membership(ChangeMembers::SetNodes(learnt), false)
+        .await
+    {
+        tracing::debug!(%error, "cannot record members' API addresses yet");
+    }
+}

@@ -1,0 +1,187 @@
+//! The API's side of cluster mode: requests only the leader may serve are forwarded to it
+//! ([`forward_to_leader`], a layer), and on the leader, changes are proposed to the Raft log
+//! and answered once applied ([`propose`]).
+//!
+//! What the leader serves: writes (heartbeats, deletes, TTL changes) and the default,
+//! linearizable reads of keys and services. `?consistency=stale` reads are served by any
+//! member from what it has applied, with `X-Ttlwheel-Applied-Index`. A request forwarded once
+//! is never forwarded again: a member that stopped leading meanwhile answers 503 `no_leader`.
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::{ApiError, AppState};
+use crate::cluster::forward;
+use crate::cluster::node::ProposeError;
+use crate::cluster::types::Command;
+use crate::persist::record::Record;
+
+/// `?consistency=`: how fresh a read must be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Consistency {
+    /// The default: the leader's state.
+    Linearizable,
+    /// What this member has applied.
+    Stale,
+}
+
+/// Reads and removes `consistency` from the request's query (the routes' own query types do
+/// not know it); 400 for a value other than `stale` or `linearizable`.
+fn take_consistency(request: &mut Request) -> Result<Consistency, ApiError> {
+    let Some(query) = request.uri().query() else {
+        return Ok(Consistency::Linearizable);
+    };
+    let mut consistency = Consistency::Linearizable;
+    let mut rest = Vec::new();
+    for pair in query.split('&') {
+        match pair.split_once('=').map_or((pair, ""), |split| split) {
+            ("consistency", "stale") => consistency = Consistency::Stale,
+            ("consistency", "linearizable") => consistency = Consistency::Linearizable,
+            ("consistency", other) => {
+                return Err(ApiError::InvalidQuery(format!(
+                    "consistency must be `linearizable` (the default) or `stale`, not `{other}`"
+                )))
+            }
+            _ => rest.push(pair),
+        }
+    }
+    if rest.len() == query.split('&').count() {
+        return Ok(consistency);
+    }
+    let path = request.uri().path();
+    let uri = match rest.is_empty() {
+        true => path.to_owned(),
+        false => format!("{path}?{}", rest.join("&")),
+    };
+    *request.uri_mut() = uri
+        .parse()
+        .map_err(|_| ApiError::InvalidQuery("the query cannot be read".into()))?;
+    Ok(consistency)
+}
+
+/// Whether a request for `method` on `path` must be served by the leader.
+fn needs_leader(method: &Method, path: &str, consistency: Consistency) -> bool {
+    let keyed = path.starts_with("/v1/keys") || path == "/v1/services";
+    if path.starts_with("/v1/heartbeats") {
+        return true;
+    }
+    if !keyed {
+        return false;
+    }
+    let read = method == Method::GET || method == Method::HEAD;
+    !read || consistency == Consistency::Linearizable
+}
+
+/// Forwards what only the leader may serve, when this member does not lead.
+pub async fn forward_to_leader(
+    State(state): State<AppState>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let consistency = match take_consistency(&mut request) {
+        Ok(consistency) => consistency,
+        Err(refused) => return refused.into_response(),
+    };
+    let Some(cluster) = &state.cluster else {
+        return next.run(request).await;
+    };
+    if !needs_leader(request.method(), request.uri().path(), consistency) {
+        let mut response = next.run(request).await;
+        let applied = cluster.status().applied_index;
+        response
+            .headers_mut()
+            .insert("x-ttlwheel-applied-index", HeaderValue::from(applied));
+        return response;
+    }
+    if cluster.is_leader() {
+        return next.run(request).await;
+    }
+    if forward::is_forwarded(request.headers()) {
+        return ApiError::NoLeader(
+            "this member no longer leads; retry: the cluster is electing or has elected another"
+                .into(),
+        )
+        .into_response();
+    }
+    cluster.forward(request).await
+}
+
+/// Proposes `records` as one entry and waits until it is applied here.
+pub async fn propose(state: &AppState, records: Vec<Record>) -> Result<(), ApiError> {
+    let cluster = state
+        .cluster
+        .as_ref()
+        .ok_or_else(|| ApiError::Internal("a proposal on a single node".into()))?;
+    match cluster.propose(Command::Writes(records)).await {
+        Ok(_) => Ok(()),
+        Err(ProposeError::NotLeader { .. }) => Err(ApiError::NoLeader(
+            "this member stopped leading before the change was committed; retry".into(),
+        )),
+        Err(error @ ProposeError::NoQuorum(_)) => Err(ApiError::NoQuorum(error.to_string())),
+        Err(error @ ProposeError::Stopped(_)) => Err(ApiError::NoLeader(error.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(method: &str, uri: &str) -> Request {
+        Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(axum::body::Body::empty())
+            .unwrap()
+    }
+
+    fn needs(method: &str, uri: &str) -> bool {
+        let mut request = request(method, uri);
+        let consistency = take_consistency(&mut request).unwrap();
+        needs_leader(request.method(), request.uri().path(), consistency)
+    }
+
+    #[test]
+    fn the_consistency_parameter_is_read_and_removed_and_a_bad_one_refused() {
+        let mut plain = request("GET", "/v1/keys?limit=5&consistency=stale&service=a");
+        assert_eq!(take_consistency(&mut plain).unwrap(), Consistency::Stale);
+        assert_eq!(plain.uri().to_string(), "/v1/keys?limit=5&service=a");
+        let mut alone = request("GET", "/v1/keys/a?consistency=linearizable");
+        assert_eq!(
+            take_consistency(&mut alone).unwrap(),
+            Consistency::Linearizable
+        );
+        assert_eq!(alone.uri().to_string(), "/v1/keys/a");
+        let mut bad = request("GET", "/v1/keys?consistency=eventual");
+        assert!(matches!(
+            take_consistency(&mut bad),
+            Err(ApiError::InvalidQuery(_))
+        ));
+    }
+
+    #[test]
+    fn writes_and_default_reads_of_keys_need_the_leader_stale_reads_and_the_rest_do_not() {
+        for (method, uri) in [
+            ("POST", "/v1/heartbeats"),
+            ("POST", "/v1/heartbeats/batch"),
+            ("DELETE", "/v1/keys/a"),
+            ("PUT", "/v1/keys/a/ttl"),
+            ("GET", "/v1/keys"),
+            ("GET", "/v1/keys/a?x=1"),
+            ("GET", "/v1/services"),
+        ] {
+            assert!(needs(method, uri), "{method} {uri}");
+        }
+        for (method, uri) in [
+            ("GET", "/v1/keys?consistency=stale"),
+            ("GET", "/v1/keys/a/ttl?consistency=stale"),
+            ("GET", "/v1/cluster"),
+            ("GET", "/healthz"),
+            ("GET", "/v1/events"),
+            ("GET", "/metrics"),
+        ] {
+            assert!(!needs(method, uri), "{method} {uri}");
+        }
+    }
+}

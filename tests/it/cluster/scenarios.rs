@@ -1,0 +1,158 @@
+//! Cluster scenarios against real members (issue 28, section 5), each stating what must not be
+//! lost. This step covers election, writes through the log from any member, a leader's
+//! `kill -9` and its rejoining, and an isolated leader; expiry and the lease rules come next.
+
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
+use super::harness::Cluster;
+
+fn heartbeat(key: &str) -> serde_json::Value {
+    json!({ "key": key, "ttl_s": 600, "service": "checkout" })
+}
+
+/// Registers `keys` through member `via`, each acknowledged; panics otherwise.
+async fn register(cluster: &Cluster, via: u64, keys: &[String]) {
+    for key in keys {
+        let answer = cluster
+            .call(via, Method::POST, "/v1/heartbeats", Some(heartbeat(key)))
+            .await;
+        let Some((status, body, _)) = answer else {
+            panic!("no answer for {key} from member {via}\n{}", cluster.logs());
+        };
+        assert_eq!(status, StatusCode::OK, "{key}: {body}\n{}", cluster.logs());
+        assert_eq!(body["created"], true, "{key}: {body}");
+    }
+}
+
+fn keys(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}-{i:03}")).collect()
+}
+
+/// Must not be lost: a write acknowledged through a follower, on every member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_members_elect_one_leader_and_a_write_through_a_follower_reaches_every_member() {
+    let cluster = Cluster::start("elect", 3, &[]).await;
+    let leader = cluster.leader().await;
+    let follower = cluster
+        .running()
+        .into_iter()
+        .find(|&id| id != leader)
+        .unwrap();
+    let (status, body, served_by) = cluster
+        .call(
+            follower,
+            Method::POST,
+            "/v1/heartbeats",
+            Some(heartbeat("a")),
+        )
+        .await
+        .expect("an answer");
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["created"], true);
+    assert_eq!(
+        served_by,
+        Some(cluster.base(leader)),
+        "names the leader's API"
+    );
+    for id in cluster.running() {
+        cluster.wait_for_keys(id, &["a".to_owned()]).await;
+    }
+    // A renewal through another member is not a creation; a default read is the leader's.
+    let other = cluster
+        .running()
+        .into_iter()
+        .find(|&id| id != leader && id != follower)
+        .unwrap();
+    let (status, body, _) = cluster
+        .call(other, Method::POST, "/v1/heartbeats", Some(heartbeat("a")))
+        .await
+        .expect("an answer");
+    assert_eq!(
+        (status, body["created"].clone()),
+        (StatusCode::OK, json!(false))
+    );
+    let (status, body, _) = cluster
+        .call(other, Method::GET, "/v1/keys/a", None)
+        .await
+        .expect("an answer");
+    assert_eq!(
+        (status, body["service"].clone()),
+        (StatusCode::OK, json!("checkout"))
+    );
+    // A delete through a follower leaves every member without the key.
+    let (status, _, _) = cluster
+        .call(follower, Method::DELETE, "/v1/keys/a", None)
+        .await
+        .expect("an answer");
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    for id in cluster.running() {
+        cluster.wait_for_keys(id, &[]).await;
+    }
+    let status = cluster.status(leader).await.expect("a status");
+    let members = status["members"].as_array().expect("members");
+    assert_eq!(members.len(), 3);
+    assert!(members.iter().all(|member| member["voter"] == true));
+}
+
+/// Must not be lost: any key acknowledged before the leader's `kill -9` or after the new
+/// election, on every member, the killed one included once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_leader_is_replaced_and_rejoins_with_every_acknowledged_key() {
+    let mut cluster = Cluster::start("kill", 3, &[]).await;
+    let old = cluster.leader().await;
+    let before = keys("before", 30);
+    let via = cluster.running().into_iter().find(|&id| id != old).unwrap();
+    register(&cluster, via, &before).await;
+    cluster.kill(old);
+    let new = cluster.leader().await;
+    assert_ne!(new, old);
+    let after = keys("after", 30);
+    register(&cluster, via, &after).await;
+    cluster.restart(old);
+    let all: Vec<String> = before.iter().chain(&after).cloned().collect();
+    for id in cluster.running() {
+        cluster.wait_for_keys(id, &all).await;
+    }
+    let leader = cluster.leader().await;
+    assert!(cluster.running().contains(&leader));
+}
+
+/// Must not happen: an isolated leader acknowledging a write it cannot commit. Must not be
+/// lost: what the majority acknowledged meanwhile, on every member once healed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_isolated_leader_acknowledges_no_write_and_the_majority_carries_on() {
+    let cluster = Cluster::start("isolate", 3, &[]).await;
+    let old = cluster.leader().await;
+    register(&cluster, old, &keys("first", 5)).await;
+    cluster.isolate(old);
+    let majority: Vec<u64> = cluster
+        .running()
+        .into_iter()
+        .filter(|&id| id != old)
+        .collect();
+    let new = cluster.leader_among(&majority).await;
+    assert_ne!(new, old);
+    // The isolated member cannot commit: it answers 503 (no_quorum or no_leader), never 2xx.
+    let (status, body, _) = cluster
+        .call(old, Method::POST, "/v1/heartbeats", Some(heartbeat("lost")))
+        .await
+        .expect("an answer within the proposal timeout");
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(
+        ["no_quorum", "no_leader"].contains(&body["error"]["code"].as_str().unwrap_or("")),
+        "{body}"
+    );
+    register(&cluster, majority[0], &keys("second", 5)).await;
+    cluster.heal();
+    let mut all = keys("first", 5);
+    all.extend(keys("second", 5));
+    for id in cluster.running() {
+        cluster.wait_for_keys(id, &all).await;
+    }
+    assert_eq!(
+        cluster.leader().await,
+        new,
+        "the healed member does not depose the new leader"
+    );
+}

@@ -279,6 +279,11 @@ fn apply(
         meta,
     };
     let key = heartbeat.key.clone();
+    if state.cluster.is_none() {
+        // A single node: no copy of the heartbeat on the hot path.
+        let outcome = state.registry.heartbeat(heartbeat, now)?;
+        return Ok(Step::Done(key, outcome));
+    }
     match state.registry.heartbeat(heartbeat.clone(), now) {
         Ok(outcome) => Ok(Step::Done(key, outcome)),
         Err(RegistryError::NeedsLog) => {

@@ -8,6 +8,7 @@ mod bounds;
 mod browser;
 mod cli;
 mod client;
+mod cluster;
 mod cluster_storage;
 mod concurrency;
 mod contract;

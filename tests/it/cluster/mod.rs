@@ -1,0 +1,2 @@
+//! The cluster's fault tests (docs/cluster-design.md, section 10): so far the history checker.
+pub mod history;

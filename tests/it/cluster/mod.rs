@@ -1,5 +1,7 @@
 //! Cluster mode against real processes (issue 28): a harness that starts members with a fault
-//! proxy on every peer link, and the scenarios run on it.
+//! proxy on every peer link, the scenarios run on it, and the pure history checker the fault
+//! scenarios will feed.
 
 pub mod harness;
+pub mod history;
 pub mod scenarios;

@@ -18,7 +18,7 @@ use axum::Router;
 use serde::{Deserialize, Serialize};
 use tower_service::Service as _;
 
-use super::network::{route, Peers, PostError};
+use super::network::{route, Peers};
 
 /// The header that marks a request forwarded by a member.
 pub const FORWARDED: &str = "x-ttlwheel-forwarded";
@@ -154,17 +154,14 @@ pub async fn to_leader(
             leader_peer_addr,
             route::FORWARD,
             encode(&head, &body),
-            &[],
             TIMEOUT,
         )
         .await;
     let (status, answer) = match sent {
         Ok(answer) => answer,
-        Err(error @ (PostError::Unreachable(_) | PostError::Broken(_))) => {
-            return unavailable(
-                "no_leader",
-                format!("the leader cannot be reached: {error}"),
-            );
+        Err(error) => {
+            let message = format!("the leader cannot be reached: {error}");
+            return unavailable("no_leader", message);
         }
     };
     if !status.is_success() {

@@ -121,7 +121,6 @@ impl Peers {
         addr: &str,
         path: &str,
         body: Vec<u8>,
-        headers: &[(&str, &str)],
         timeout: Duration,
     ) -> Result<(reqwest::StatusCode, axum::body::Bytes), PostError> {
         let mut request = self
@@ -130,9 +129,6 @@ impl Peers {
             .timeout(timeout);
         if let Some(signature) = self.auth.sign("POST", path, &body, auth::unix_now()) {
             request = request.header(auth::HEADER, signature);
-        }
-        for (name, value) in headers {
-            request = request.header(*name, *value);
         }
         let response = request
             .body(body)
@@ -212,7 +208,7 @@ impl PeerClient {
         let sent_at = Instant::now();
         let (status, answer) = self
             .peers
-            .post(&self.addr, path, body, &[], timeout)
+            .post(&self.addr, path, body, timeout)
             .await
             .map_err(|error| match error {
                 PostError::Unreachable(_) => RPCError::Unreachable(Unreachable::new(&error)),
@@ -298,9 +294,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         body.extend_from_slice(&head);
         body.extend_from_slice(&file);
         let timeout = snapshot_timeout(body.len() as u64);
-        let sent = self
-            .peers
-            .post(&self.addr, route::SNAPSHOT, body, &[], timeout);
+        let sent = self.peers.post(&self.addr, route::SNAPSHOT, body, timeout);
         let (status, answer) = tokio::select! {
             closed = cancel => return Err(StreamingError::Closed(closed)),
             sent = sent => sent.map_err(|error| match error {

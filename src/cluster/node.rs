@@ -167,7 +167,6 @@ pub struct Cluster {
     leader_contact: Arc<Mutex<Option<Instant>>>,
     /// The API's router, for requests forwarded to this member.
     api: Arc<OnceLock<Router>>,
-    advertise_api: String,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -263,7 +262,6 @@ impl Cluster {
             contacts,
             leader_contact,
             api,
-            advertise_api: settings.advertise_api.clone(),
             tasks: vec![server],
         };
         cluster.bootstrap(&settings).await?;
@@ -326,16 +324,6 @@ impl Cluster {
         let _ = self.api.set(api);
     }
 
-    /// This member's id.
-    pub fn id(&self) -> NodeId {
-        self.id
-    }
-
-    /// The Raft handle (tests and the membership routes).
-    pub fn raft(&self) -> &Raft<TypeConfig> {
-        &self.raft
-    }
-
     /// Whether this member leads now.
     pub fn is_leader(&self) -> bool {
         self.raft.metrics().borrow().current_leader == Some(self.id)
@@ -385,6 +373,13 @@ impl Cluster {
                 "no leader is known: an election is under way or no quorum is reachable".into(),
             ),
         }
+    }
+
+    /// The index of the last entry applied here (0 before any).
+    pub fn applied_index(&self) -> u64 {
+        let metrics = self.raft.metrics();
+        let applied = metrics.borrow().last_applied;
+        applied.map_or(0, |log_id| log_id.index)
     }
 
     /// What `GET /v1/cluster` shows.
@@ -465,11 +460,6 @@ impl Cluster {
         }
     }
 
-    /// This member's API address.
-    pub fn advertise_api(&self) -> &str {
-        &self.advertise_api
-    }
-
     /// Stops Raft and the peer listener.
     pub async fn shutdown(&self) {
         for task in &self.tasks {
@@ -506,7 +496,7 @@ async fn fill_in_api_addresses(raft: &Raft<TypeConfig>, peers: &Peers, id: NodeI
         }
         let addr = peers.address_of(peer, member);
         let asked = peers
-            .post(&addr, route::INFO, Vec::new(), &[], Duration::from_secs(2))
+            .post(&addr, route::INFO, Vec::new(), Duration::from_secs(2))
             .await;
         let Ok((status, body)) = asked else { continue };
         let Ok(info) = serde_json::from_slice::<MemberInfo>(&body) else {

@@ -89,7 +89,7 @@ pub async fn forward_to_leader(
     };
     if !needs_leader(request.method(), request.uri().path(), consistency) {
         let mut response = next.run(request).await;
-        let applied = cluster.status().applied_index;
+        let applied = cluster.applied_index();
         response
             .headers_mut()
             .insert("x-ttlwheel-applied-index", HeaderValue::from(applied));

@@ -152,9 +152,9 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub events_ring: u64,
 
-    /// Bytes the live stream's ring may hold (its events, their encoded frames and its slot
-    /// array; `ttlwheel_sse_ring_bytes` in `/metrics`): the oldest events leave first when
-    /// either this or `--events-ring` is reached.
+    /// Bytes the live stream's ring may hold (its blocks of events and their encoded frames;
+    /// `ttlwheel_sse_ring_bytes` in `/metrics`): the oldest events leave first when either this
+    /// or `--events-ring` is reached.
     #[arg(long, env = "TTLWHEEL_EVENTS_RING_BYTES", default_value_t = crate::stream::DEFAULT_RING_BYTES,
           value_parser = clap::value_parser!(u64).range(65_536..=1 << 40))]
     pub events_ring_bytes: u64,
@@ -355,6 +355,20 @@ pub struct Config {
           value_parser = parse_peer_route, help_heading = "Cluster")]
     pub peer_route: Vec<(u64, String)>,
 
+    /// How often the leader writes a deadline checkpoint (the keys renewed since the last one,
+    /// with their time left) into the log: what a new leader counts from after a failover.
+    /// At most half of the election timeout's minimum (500ms).
+    #[arg(long, env = "TTLWHEEL_CHECKPOINT_INTERVAL", default_value = "250ms",
+          value_parser = parse_positive_duration, requires = "node_id", help_heading = "Cluster")]
+    pub checkpoint_interval: Duration,
+
+    /// After a failover, the least time a new leader gives a key that fell due during the
+    /// election (capped by the key's TTL), for its client to reach the new leader. Bounds how
+    /// much longer a dead client's key can live. At least the election timeout's maximum (2s).
+    #[arg(long, env = "TTLWHEEL_FAILOVER_GRACE", default_value = "5s",
+          value_parser = parse_positive_duration, requires = "node_id", help_heading = "Cluster")]
+    pub failover_grace: Duration,
+
     #[command(subcommand)]
     pub command: Option<Command>,
 }
@@ -423,6 +437,10 @@ impl Config {
                     .into(),
             );
         };
+        let lease =
+            crate::cluster::node::lease_config(self.checkpoint_interval, self.failover_grace)
+                .validate()
+                .map_err(|error| error.to_string())?;
         let initial = self.initial_cluster.clone().unwrap_or_default();
         if !initial.is_empty() && !initial.contains_key(&node_id) {
             return Err(format!(
@@ -440,6 +458,7 @@ impl Config {
             secret,
             peer_routes: self.peer_route.iter().cloned().collect(),
             dir: data_dir.join("raft"),
+            lease,
         }))
     }
 

@@ -63,6 +63,10 @@ pub struct Event {
     /// An expiry of a key restored from the persistence log at start-up and not renewed since:
     /// its deadline was set by the restart rule (restart + TTL), not by a heartbeat.
     pub restored: bool,
+    /// Cluster mode: the event's number in the Raft log, `index << 16 | position` (the
+    /// entry's index and the record's or key's position in it), the same on every member:
+    /// its webhook id comes from it, so every member's delivery of one event carries one id.
+    pub log_id: Option<u64>,
 }
 
 impl EventKind {
@@ -299,6 +303,7 @@ mod tests {
             occurred_at_ms: 0,
             lateness_ms: 0,
             restored: false,
+            log_id: None,
         };
         let text = serde_json::to_value(Flattened {
             r#type: event.kind.stream_name(),

@@ -292,7 +292,7 @@ impl Collector for Live {
         gauge1(
             &mut encoder,
             "ttlwheel_sse_ring_bytes",
-            "Bytes the event-stream ring holds: its slot array, the events and their encoded frames (bounded by --events-ring-bytes).",
+            "Bytes the event-stream ring holds: its blocks of events and their encoded frames (bounded by --events-ring-bytes).",
             self.hub.bytes() as f64,
         )?;
         gauge1(

@@ -1,10 +1,10 @@
 //! Cluster mode (issue 28, docs/cluster-design.md): ttlwheel replicated with openraft.
 //!
-//! **In progress** (steps 1-3 of the design's order of work): the storage openraft runs on, the
-//! lease rules (pure, not yet wired), the network, the peer listener and the member itself. On
-//! only with `--node-id` (`Service::start_member`); a single node never touches it. Not yet:
-//! expiry through the log, the lease rules in force, events from committed entries, joining
-//! and removing members.
+//! **In progress** (steps 1-4 of the design's order of work): the storage openraft runs on, the
+//! lease rules and their glue, the network, the peer listener and the member itself; expiry
+//! through the log, events from committed entries. On only with `--node-id`
+//! (`Service::start_member`); a single node never touches it. Not yet: joining and removing
+//! members, TTL changes through the log, log-numbered event ids.
 //!
 //! - [`node`]: a running member ([`node::Cluster`]): storage, openraft, bootstrap, proposals,
 //!   forwarding, the status `GET /v1/cluster` shows.
@@ -15,9 +15,12 @@
 //! - [`log_store`]: the Raft log on disk (segments in `persist::log`'s framing, vote,
 //!   committed and purged ids), openraft's `RaftLogStorage`.
 //! - [`state_machine`]: applies committed entries through the registry's one door
-//!   (`Registry::restore`, as recovery does), openraft's `RaftStateMachine`.
+//!   (`Registry::apply_logged`, `apply_expiries`, `apply_checkpoint`), openraft's
+//!   `RaftStateMachine`.
 //! - [`lease`]: the lease rules (checkpoints, promotion, fencing, demotion), pure: given times
 //!   and what Raft reports, it says what to do.
+//! - [`leadership`]: the lease task that feeds [`lease`] and carries out its actions, and the
+//!   leader's sweeper that proposes expiries; [`signals`]: what they share with the API.
 //! - [`snapshot`]: the snapshot file (the single-node snapshot's frames behind a header that
 //!   says which log id and membership it covers), its builder, reading it back.
 //!
@@ -26,11 +29,13 @@
 
 pub mod auth;
 pub mod forward;
+pub mod leadership;
 pub mod lease;
 pub mod log_store;
 pub mod network;
 pub mod node;
 pub mod peer_server;
+pub mod signals;
 pub mod snapshot;
 pub mod state_machine;
 pub mod types;

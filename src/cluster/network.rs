@@ -68,6 +68,41 @@ impl Contacts {
     pub fn last(&self, peer: NodeId) -> Option<(u64, Instant)> {
         self.acks.lock().get(&peer).copied()
     }
+
+    /// The newest send instant of `term` a quorum of every config in `configs` acknowledged,
+    /// `me` (the leader) counting as acknowledging at `now`: in each config the
+    /// `(n/2 + 1)`-th newest stamp, and the earliest of those over the configs (a joint
+    /// membership needs both majorities). `None` while some config has no such quorum.
+    pub fn quorum_ack(
+        &self,
+        me: NodeId,
+        term: u64,
+        configs: &[std::collections::BTreeSet<NodeId>],
+        now: Instant,
+    ) -> Option<Instant> {
+        let acks = self.acks.lock();
+        let mut earliest: Option<Instant> = None;
+        for config in configs {
+            let mut stamps: Vec<Instant> = config
+                .iter()
+                .filter_map(|&id| match id == me {
+                    true => Some(now),
+                    false => acks
+                        .get(&id)
+                        .filter(|(acked_term, _)| *acked_term == term)
+                        .map(|&(_, at)| at),
+                })
+                .collect();
+            let needed = config.len() / 2 + 1;
+            if stamps.len() < needed {
+                return None;
+            }
+            stamps.sort_unstable_by(|a, b| b.cmp(a));
+            let ack = stamps[needed - 1];
+            earliest = Some(earliest.map_or(ack, |e| e.min(ack)));
+        }
+        earliest
+    }
 }
 
 /// What every connection shares: the HTTP client, the signer, the routes, the stamps.
@@ -196,14 +231,14 @@ type Answer<T> = Result<T, RaftError<NodeId>>;
 type RpcError = RPCError<NodeId, Member, RaftError<NodeId>>;
 
 impl PeerClient {
-    /// One RPC: the request as JSON, the answer as the peer's `Result`.
+    /// One RPC: the request as JSON, the answer as the peer's `Result`, and the instant the
+    /// request was sent.
     async fn rpc<Req: Serialize, Resp: DeserializeOwned>(
         &self,
         path: &str,
         request: &Req,
-        term: u64,
         timeout: Duration,
-    ) -> Result<Resp, RpcError> {
+    ) -> Result<(Resp, Instant), RpcError> {
         let body = serde_json::to_vec(request).map_err(|error| network_error(&error))?;
         let sent_at = Instant::now();
         let (status, answer) = self
@@ -222,8 +257,9 @@ impl PeerClient {
         }
         let answer: Answer<Resp> =
             serde_json::from_slice(&answer).map_err(|error| network_error(&error))?;
-        self.peers.contacts.acknowledged(self.target, term, sent_at);
-        answer.map_err(|error| RPCError::RemoteError(RemoteError::new(self.target, error)))
+        answer
+            .map(|answer| (answer, sent_at))
+            .map_err(|error| RPCError::RemoteError(RemoteError::new(self.target, error)))
     }
 }
 
@@ -259,7 +295,13 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RpcError> {
         let term = rpc.vote.leader_id().term;
-        self.rpc(route::APPEND, &rpc, term, option.hard_ttl()).await
+        let (answer, sent_at) = self.rpc(route::APPEND, &rpc, option.hard_ttl()).await?;
+        // Any answer but "a higher vote" acknowledges this leader's term (design section 6):
+        // the peer then refuses votes until `sent_at + election_timeout_max`.
+        if !matches!(answer, AppendEntriesResponse::HigherVote(_)) {
+            self.peers.contacts.acknowledged(self.target, term, sent_at);
+        }
+        Ok(answer)
     }
 
     async fn vote(
@@ -267,8 +309,8 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RpcError> {
-        let term = rpc.vote.leader_id().term;
-        self.rpc(route::VOTE, &rpc, term, option.hard_ttl()).await
+        let (answer, _) = self.rpc(route::VOTE, &rpc, option.hard_ttl()).await?;
+        Ok(answer)
     }
 
     async fn full_snapshot(

@@ -32,9 +32,12 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 
 use super::auth::PeerAuth;
+use super::leadership::{self, Parts};
+use super::lease::{LeaseConfig, LeaseRules};
 use super::log_store::LogStore;
 use super::network::{route, Contacts, PeerNetwork, Peers};
 use super::peer_server::{self, PeerState};
+use super::signals::LeaseSignals;
 use super::state_machine::StateMachine;
 use super::types::{Applied, Command, Member, NodeId, TypeConfig};
 use super::{forward, StoreError};
@@ -48,6 +51,20 @@ pub const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
 const IN_QUORUM_WITHIN: Duration = Duration::from_millis(1_000);
 /// How often the leader looks for members whose API address it lacks.
 const API_ADDRESSES_EVERY: Duration = Duration::from_secs(1);
+/// openraft's `election_timeout_min` and `_max` (design section 8): etcd's 1 s, and 0.9's
+/// leader lease.
+const ELECTION_TIMEOUT: (u64, u64) = (1_000, 2_000);
+
+/// The lease settings of `--checkpoint-interval` and `--failover-grace` with this member's
+/// election timeouts, to be validated at start-up.
+pub fn lease_config(checkpoint_interval: Duration, failover_grace: Duration) -> LeaseConfig {
+    LeaseConfig::new(
+        checkpoint_interval,
+        failover_grace,
+        Duration::from_millis(ELECTION_TIMEOUT.0),
+        Duration::from_millis(ELECTION_TIMEOUT.1),
+    )
+}
 
 /// How a member runs: its flags, resolved.
 #[derive(Clone, Debug)]
@@ -66,6 +83,8 @@ pub struct ClusterSettings {
     pub peer_routes: HashMap<NodeId, String>,
     /// Where the Raft log and snapshots live (`<data-dir>/raft`).
     pub dir: PathBuf,
+    /// `--checkpoint-interval`, `--failover-grace` and the fence, validated.
+    pub lease: LeaseRules,
 }
 
 /// A member that cannot start.
@@ -167,6 +186,8 @@ pub struct Cluster {
     leader_contact: Arc<Mutex<Option<Instant>>>,
     /// The API's router, for requests forwarded to this member.
     api: Arc<OnceLock<Router>>,
+    /// Whether this member may serve now (the lease task keeps it).
+    signals: Arc<LeaseSignals>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -177,8 +198,8 @@ fn raft_config() -> Result<Arc<openraft::Config>, ClusterError> {
         // Also the AppendEntries timeout (openraft replication/mod.rs): payloads are capped so
         // that one ships well within it.
         heartbeat_interval: 150,
-        election_timeout_min: 1_000,
-        election_timeout_max: 2_000,
+        election_timeout_min: ELECTION_TIMEOUT.0,
+        election_timeout_max: ELECTION_TIMEOUT.1,
         max_payload_entries: 64,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(1_000_000),
         ..Default::default()
@@ -211,10 +232,12 @@ impl Cluster {
                 source,
             })?;
         let (log_dir, sm_dir) = (settings.dir.join("log"), settings.dir.join("snapshots"));
+        let signals = Arc::new(LeaseSignals::new(Instant::now()));
+        let (machine_registry, machine_signals) = (Arc::clone(&registry), Arc::clone(&signals));
         let (log, machine) = tokio::task::spawn_blocking(move || {
             Ok::<_, StoreError>((
                 LogStore::open(&log_dir)?,
-                StateMachine::open(&sm_dir, registry)?,
+                StateMachine::open(&sm_dir, machine_registry, machine_signals)?,
             ))
         })
         .await
@@ -254,6 +277,16 @@ impl Cluster {
             }
         });
         tracing::info!(node_id = settings.node_id, peer_listen = %bound, "cluster member started");
+        let mut tasks = leadership::spawn(Parts {
+            id: settings.node_id,
+            raft: raft.clone(),
+            registry,
+            signals: Arc::clone(&signals),
+            contacts: Arc::clone(&contacts),
+            leader_contact: Arc::clone(&leader_contact),
+            rules: settings.lease,
+        });
+        tasks.push(server);
         let cluster = Self {
             id: settings.node_id,
             raft,
@@ -262,7 +295,8 @@ impl Cluster {
             contacts,
             leader_contact,
             api,
-            tasks: vec![server],
+            signals,
+            tasks,
         };
         cluster.bootstrap(&settings).await?;
         Ok(cluster.with_api_address_task())
@@ -322,6 +356,12 @@ impl Cluster {
     /// Sets the API router requests forwarded to this member are served by.
     pub fn set_api(&self, api: Router) {
         let _ = self.api.set(api);
+    }
+
+    /// Whether this member may acknowledge renewals and serve linearizable reads now: it
+    /// leads, is promoted, and a quorum acknowledged it within the fence (design section 6).
+    pub fn may_serve(&self) -> bool {
+        self.signals.may_serve(Instant::now())
     }
 
     /// Whether this member leads now.

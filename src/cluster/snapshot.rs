@@ -11,9 +11,14 @@
 //! (`last_log_id.index + 1`), written as `.tmp`, synced, renamed and the directory synced, so
 //! a snapshot file either is whole or does not exist. Only the newest is kept.
 //!
-//! Deliberately not yet (design section 5): per-key generations and remaining times (keys
-//! come back with `Expiry::Relative`, so an installing follower gives each its whole TTL from
-//! the install, as a restart does), and webhook records (the notifier is not replicated yet).
+//! Each alive key's `Upsert` is followed by a generation frame, tag `0xF1` then the key's
+//! generation (u32 LE): a member that installs the snapshot must match the generations later
+//! expiry entries name.
+//!
+//! Deliberately not yet (design section 5): per-key remaining times (keys come back with
+//! `Expiry::Relative`, so an installing follower gives each its whole TTL from the install, as
+//! a restart does: a dead key may live up to a TTL longer if that member is promoted), and
+//! webhook records (the notifier is not replicated yet).
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -32,6 +37,8 @@ use crate::registry::Registry;
 
 /// The tag of the header frame (record tags are below 32).
 const HEADER: u8 = 0xF0;
+/// The tag of a generation frame: the generation of the key of the `Upsert` just before it.
+const GENERATION: u8 = 0xF1;
 /// The header frame's largest size: a membership of many members is still far below it.
 const MAX_HEADER_LEN: usize = MAX_FRAME_LEN;
 
@@ -45,6 +52,7 @@ const FORMAT: Format<'static> = Format {
 enum Frame {
     Header(SnapshotMeta),
     Record(Record),
+    Generation(u32),
 }
 
 fn decode_frame(payload: &[u8]) -> Result<Frame, String> {
@@ -52,6 +60,9 @@ fn decode_frame(payload: &[u8]) -> Result<Frame, String> {
         Some((&HEADER, json)) => serde_json::from_slice(json)
             .map(Frame::Header)
             .map_err(|error| format!("snapshot header: {error}")),
+        Some((&GENERATION, bytes)) => <[u8; 4]>::try_from(bytes)
+            .map(|bytes| Frame::Generation(u32::from_le_bytes(bytes)))
+            .map_err(|_| format!("a generation frame of {} bytes", bytes.len())),
         _ => Record::decode(payload)
             .map(Frame::Record)
             .map_err(|error| error.to_string()),
@@ -64,11 +75,12 @@ pub fn path_for(dir: &Path, last_log_id: Option<LogId>) -> PathBuf {
     dir.join(format!("snapshot-{n:020}.ttlw"))
 }
 
-/// Writes the snapshot `meta` with `records` into `dir`, whole, and deletes the older ones.
+/// Writes the snapshot `meta` with `records` (each with its key's generation) into `dir`,
+/// whole, and deletes the older ones.
 pub fn write(
     dir: &Path,
     meta: &SnapshotMeta,
-    records: impl Iterator<Item = Record>,
+    records: impl Iterator<Item = (Record, u32)>,
 ) -> Result<SnapshotFile, StoreError> {
     let path = path_for(dir, meta.last_log_id);
     let tmp = path.with_extension("tmp");
@@ -85,11 +97,17 @@ pub fn write(
         file.write_all(buffer).map_err(io_error(&tmp))
     };
     put(&buffer)?;
-    for record in records {
+    for (record, generation) in records {
         buffer.clear();
         log::frame(&record, &mut buffer);
         if buffer.len() > MAX_FRAME_LEN {
             return Err(StoreError::RecordTooLarge { len: buffer.len() });
+        }
+        if matches!(record, Record::Upsert(_)) {
+            log::frame_with(&mut buffer, |out| {
+                out.push(GENERATION);
+                out.extend_from_slice(&generation.to_le_bytes());
+            });
         }
         put(&buffer)?;
     }
@@ -103,17 +121,33 @@ pub fn write(
     Ok(SnapshotFile { path, len })
 }
 
-/// Reads the snapshot at `path` whole, handing its records to `on_record` in order, and
-/// returns its meta. A snapshot is renamed into place only when whole: any damage, torn tail
-/// included, is refused.
-pub fn read(path: &Path, mut on_record: impl FnMut(Record)) -> Result<SnapshotMeta, StoreError> {
+/// Reads the snapshot at `path` whole, handing its records to `on_record` in order, each with
+/// its key's generation (0 for records without one), and returns its meta. A snapshot is
+/// renamed into place only when whole: any damage, torn tail included, is refused.
+pub fn read(
+    path: &Path,
+    mut on_record: impl FnMut(Record, u32),
+) -> Result<SnapshotMeta, StoreError> {
     let bytes = std::fs::read(path).map_err(io_error(path))?;
     let mut meta = None;
     let mut misplaced = None;
+    // An `Upsert` waits for the generation frame that follows it.
+    let mut upsert = None;
     let (tail, valid_len) = log::scan_frames(&bytes, &FORMAT, &decode_frame, |frame, at| {
         match (frame, meta.is_some()) {
             (Frame::Header(header), false) if at.offset == MAGIC_LEN as u64 => meta = Some(header),
-            (Frame::Record(record), true) => on_record(record),
+            (Frame::Generation(generation), true) if upsert.is_some() => {
+                on_record(upsert.take().expect("checked"), generation);
+            }
+            (Frame::Record(record), true) => {
+                if let Some(pending) = upsert.take() {
+                    on_record(pending, 0);
+                }
+                match record {
+                    Record::Upsert(_) => upsert = Some(record),
+                    record => on_record(record, 0),
+                }
+            }
             (_, _) => {
                 misplaced.get_or_insert(at.offset);
             }
@@ -133,6 +167,9 @@ pub fn read(path: &Path, mut on_record: impl FnMut(Record)) -> Result<SnapshotMe
         return Err(corrupt(format!(
             "a misplaced frame at byte offset {offset}"
         )));
+    }
+    if let Some(pending) = upsert {
+        on_record(pending, 0);
     }
     meta.ok_or_else(|| corrupt("no header".into()))
 }
@@ -159,7 +196,7 @@ pub fn read_meta(path: &Path) -> Result<SnapshotMeta, StoreError> {
     file.read_exact(&mut frame[4..]).map_err(io_error(path))?;
     match log::read_frame(&frame, MAX_HEADER_LEN, &decode_frame) {
         Ok((Frame::Header(meta), _)) => Ok(meta),
-        Ok((Frame::Record(_), _)) => Err(corrupt("no header".into())),
+        Ok((Frame::Record(_) | Frame::Generation(_), _)) => Err(corrupt("no header".into())),
         Err(reason) => Err(corrupt(format!("its header: {reason}"))),
     }
 }
@@ -222,11 +259,12 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             snapshot_id,
         };
         let (registry, dir, header) = (Arc::clone(&self.registry), self.dir.clone(), meta.clone());
-        let written =
-            tokio::task::spawn_blocking(move || write(&dir, &header, registry.state_records()))
-                .await
-                .map_err(|error| StoreError::Task(error.to_string()))
-                .and_then(|written| written);
+        let written = tokio::task::spawn_blocking(move || {
+            write(&dir, &header, registry.state_records_with_generations())
+        })
+        .await
+        .map_err(|error| StoreError::Task(error.to_string()))
+        .and_then(|written| written);
         let file = written.map_err(|error| {
             storage_error(ErrorSubject::Snapshot(None), ErrorVerb::Write, &error)
         })?;

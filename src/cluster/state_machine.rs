@@ -1,10 +1,13 @@
 //! The Raft state machine: committed entries applied to the registry, through its one door.
 //!
-//! A `Writes` command's records go through `Registry::restore`, the path recovery takes: a
-//! follower applies the leader's records exactly as a restarted node applies its own log
-//! (idempotent whole-key records; a relative TTL counts from the apply). Blank entries change
-//! nothing (promotion will hang on them, design section 6); membership entries are kept as the
-//! applied membership.
+//! A `Writes` command's records go through `Registry::apply_logged`, recovery's path plus the
+//! entry's generation and the events: every member applies the leader's records as a restarted
+//! node applies its own log (idempotent whole-key records; a relative TTL counts from the
+//! apply), and publishes `registered` / `deleted` from them. `Expiries` expire the keys that
+//! still have the generation the leader saw (`expired` events); `Checkpoint`s set the
+//! deadlines of every member but the leader that took them. A blank entry is the promotion
+//! point of its term's leader (`LeaseSignals::blank_applied`); membership entries are kept as
+//! the applied membership. Events come from committed entries only.
 //!
 //! Not durable on its own: the state is the registry in memory plus the newest snapshot in
 //! its directory. At start the snapshot is loaded and its last log id reported as applied;
@@ -13,8 +16,9 @@
 //! records), after the file has been read through once and found whole, so a damaged
 //! snapshot changes nothing.
 //!
-//! Not yet (later steps of the design): events and webhook ids derived from log indexes (the
-//! restore path publishes no event), key generations, `Expiries` and `Checkpoint` commands.
+//! Not yet (later steps of the design): event and webhook ids derived from log indexes (the
+//! stream and the notifier number events themselves, per member), and events of entries
+//! re-applied after a restart are published again (at-least-once).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,6 +27,7 @@ use openraft::storage::RaftStateMachine;
 use openraft::{EntryPayload, ErrorSubject, ErrorVerb};
 use tokio::time::Instant;
 
+use super::signals::LeaseSignals;
 use super::snapshot::{self, SnapshotBuilder};
 use super::types::{
     Applied, Command, Entry, LogId, Snapshot, SnapshotFile, SnapshotMeta, StorageError,
@@ -41,13 +46,19 @@ pub struct StateMachine {
     last_applied: Option<LogId>,
     /// The membership of the last membership entry applied.
     membership: StoredMembership,
+    /// Shared with the lease task: blank entries applied, the term this member leads.
+    signals: Arc<LeaseSignals>,
 }
 
 impl StateMachine {
     /// A state machine over `registry` (empty: this fills it) with its snapshots in `dir`
     /// (created if needed): the newest snapshot there is loaded into the registry. Leftover
     /// `.tmp` files (a snapshot half written or received before a crash) are deleted.
-    pub fn open(dir: &Path, registry: Arc<Registry>) -> Result<Self, StoreError> {
+    pub fn open(
+        dir: &Path,
+        registry: Arc<Registry>,
+        signals: Arc<LeaseSignals>,
+    ) -> Result<Self, StoreError> {
         std::fs::create_dir_all(dir).map_err(io_error(dir))?;
         for entry in std::fs::read_dir(dir).map_err(io_error(dir))? {
             let path = entry.map_err(io_error(dir))?.path();
@@ -60,11 +71,14 @@ impl StateMachine {
             dir: dir.to_owned(),
             last_applied: None,
             membership: StoredMembership::default(),
+            signals,
         };
         if let Some((_, file)) = snapshot::newest(dir)? {
             let now = Instant::now();
             let registry = &machine.registry;
-            let meta = snapshot::read(&file.path, |record| registry.restore(record, now))?;
+            let meta = snapshot::read(&file.path, |record, generation| {
+                registry.restore_with_generation(record, generation, now)
+            })?;
             machine.last_applied = meta.last_log_id;
             machine.membership = meta.last_membership;
         }
@@ -80,14 +94,29 @@ impl StateMachine {
     fn apply_entry(&mut self, entry: Entry, now: Instant) -> Applied {
         let log_index = entry.log_id.index;
         self.last_applied = Some(entry.log_id);
+        let term = entry.log_id.leader_id.term;
         let n_records = match entry.payload {
-            EntryPayload::Blank => 0,
+            EntryPayload::Blank => {
+                self.signals.blank_applied(term);
+                0
+            }
             EntryPayload::Normal(Command::Writes(records)) => {
                 let n_records = records.len();
-                for record in records {
-                    self.registry.restore(record, now);
+                for (position, record) in records.into_iter().enumerate() {
+                    self.registry.apply_logged(record, log_index, position, now);
                 }
                 n_records
+            }
+            EntryPayload::Normal(Command::Expiries(keys)) => {
+                self.registry.apply_expiries(&keys, log_index, now);
+                keys.len()
+            }
+            EntryPayload::Normal(Command::Checkpoint(items)) => {
+                // The leader that took it keeps its own deadlines, which are exact.
+                if self.signals.leading_term() != term {
+                    self.registry.apply_checkpoint(&items, now);
+                }
+                items.len()
             }
             EntryPayload::Membership(membership) => {
                 self.membership = StoredMembership::new(Some(entry.log_id), membership);
@@ -110,7 +139,7 @@ fn install(
     incoming: &SnapshotFile,
 ) -> Result<(), StoreError> {
     // Read it through once: a damaged or mismatched snapshot must change nothing.
-    let found = snapshot::read(&incoming.path, |_| {})?;
+    let found = snapshot::read(&incoming.path, |_, _| {})?;
     if found != *meta {
         return Err(StoreError::WrongSnapshot {
             path: incoming.path.clone(),
@@ -135,7 +164,9 @@ fn install(
     }
     let now = Instant::now();
     registry.clear();
-    snapshot::read(&ours, |record| registry.restore(record, now))?;
+    snapshot::read(&ours, |record, generation| {
+        registry.restore_with_generation(record, generation, now)
+    })?;
     snapshot::remove_older(dir, &ours)
 }
 
@@ -221,6 +252,10 @@ mod tests {
 
     const UNIX_AT_EPOCH: u64 = 1_700_000_000_000;
 
+    fn open(dir: &Path, registry: Arc<Registry>) -> Result<StateMachine, StoreError> {
+        StateMachine::open(dir, registry, Arc::new(LeaseSignals::new(Instant::now())))
+    }
+
     fn registry(epoch: Instant) -> Arc<Registry> {
         let clock = Clock::with_unix_ms_at_epoch(epoch, UNIX_AT_EPOCH);
         Arc::new(Registry::with_clock(RegistryConfig::default(), clock))
@@ -262,7 +297,7 @@ mod tests {
     async fn a_snapshot_round_trip_restores_the_same_keys_and_ttls_through_the_registry() {
         let epoch = Instant::now();
         let (leader_dir, follower_dir) = (TempDir::new("sm-leader"), TempDir::new("sm-follower"));
-        let mut leader = StateMachine::open(leader_dir.path(), registry(epoch)).unwrap();
+        let mut leader = open(leader_dir.path(), registry(epoch)).unwrap();
         let members = Membership::new(vec![[1, 2, 3].into()], None);
         let writes = vec![
             upsert("wheel", Expiry::Relative { ttl_ms: 30_000 }, Some("api")),
@@ -331,7 +366,7 @@ mod tests {
         );
 
         // A follower with a key of its own: the snapshot replaces its whole state.
-        let mut follower = StateMachine::open(follower_dir.path(), registry(epoch)).unwrap();
+        let mut follower = open(follower_dir.path(), registry(epoch)).unwrap();
         let stale = vec![upsert("stale", Expiry::Never, None)];
         follower
             .apply([entry(1, EntryPayload::Normal(Command::Writes(stale)))])
@@ -358,7 +393,7 @@ mod tests {
 
         // A restart loads the installed snapshot into a fresh registry.
         drop(follower);
-        let mut restarted = StateMachine::open(follower_dir.path(), registry(epoch)).unwrap();
+        let mut restarted = open(follower_dir.path(), registry(epoch)).unwrap();
         assert_eq!(contents(restarted.registry(), &keys, epoch), expected);
         assert_eq!(
             restarted.applied_state().await.unwrap().0,
@@ -375,7 +410,7 @@ mod tests {
             TempDir::new("sm-bad-leader"),
             TempDir::new("sm-bad-follower"),
         );
-        let mut leader = StateMachine::open(leader_dir.path(), registry(epoch)).unwrap();
+        let mut leader = open(leader_dir.path(), registry(epoch)).unwrap();
         let writes = (0..20)
             .map(|n| upsert(&format!("k{n}"), Expiry::Never, None))
             .collect();
@@ -389,7 +424,7 @@ mod tests {
             .build_snapshot()
             .await
             .unwrap();
-        let mut follower = StateMachine::open(follower_dir.path(), registry(epoch)).unwrap();
+        let mut follower = open(follower_dir.path(), registry(epoch)).unwrap();
         let own = vec![upsert("own", Expiry::Never, None)];
         follower
             .apply([entry(1, EntryPayload::Normal(Command::Writes(own)))])

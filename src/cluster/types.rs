@@ -6,8 +6,8 @@
 //! (`persist::record::Record`), in their binary codec, so a follower applies them as recovery
 //! does. Its serde form (openraft's RPC bodies, later) is that binary encoding as one base64
 //! string, so the records' decoder, which goes through the API's constructors, is the only way
-//! in. What this module deliberately lacks so far: the `Expiries` and `Checkpoint` commands of
-//! docs/cluster-design.md section 3 (they need key generations in the registry, a later step).
+//! in. `Expiries` and `Checkpoint` carry keys with their generations (`registry`'s cluster
+//! mode), in a small binary form of their own.
 
 use std::path::PathBuf;
 
@@ -15,6 +15,8 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
 use crate::persist::record::{DecodeError, Record};
+use crate::registry::CheckpointItem;
+use crate::types::Key;
 
 openraft::declare_raft_types!(
     /// ttlwheel's Raft types: entries carry [`Command`]s, nodes their two addresses.
@@ -58,6 +60,12 @@ pub enum Command {
     /// Records of one request or one batch of requests, in order, applied through the
     /// registry's door as recovery applies them (`Registry::restore`).
     Writes(Vec<Record>),
+    /// Keys the leader found due, each with the generation it saw: applied, each key that
+    /// still has that generation expires (docs/cluster-design.md section 3).
+    Expiries(Vec<(Key, u32)>),
+    /// The keys the leader renewed since its last checkpoint, with the time each had left:
+    /// the other members' deadlines, should one of them lead next.
+    Checkpoint(Vec<CheckpointItem>),
 }
 
 /// A command that cannot be read back.
@@ -71,14 +79,22 @@ pub enum CommandError {
     Record { index: usize, source: DecodeError },
     #[error("{0} bytes left over after the command")]
     TrailingBytes(usize),
+    #[error("key {index} of the command is not a valid key")]
+    Key { index: usize },
 }
 
 /// The tag of [`Command::Writes`].
 const WRITES: u8 = 1;
+/// The tag of [`Command::Expiries`].
+const EXPIRIES: u8 = 2;
+/// The tag of [`Command::Checkpoint`].
+const CHECKPOINT: u8 = 3;
 
 impl Command {
-    /// Appends the command's encoding to `out`: a tag, the number of records (u32 LE), then
-    /// each record as its length (u32 LE) and its `Record::encode` bytes.
+    /// Appends the command's encoding to `out`: a tag and the number of items (u32 LE), then
+    /// for `Writes` each record as its length (u32 LE) and its `Record::encode` bytes; for
+    /// `Expiries` each generation (u32 LE) and key; for `Checkpoint` each generation, time
+    /// left (u64 LE) and key. A key is its length (u16 LE) and its bytes.
     pub fn encode(&self, out: &mut Vec<u8>) {
         match self {
             Self::Writes(records) => {
@@ -94,38 +110,126 @@ impl Command {
                     out[start..start + 4].copy_from_slice(&len.to_le_bytes());
                 }
             }
+            Self::Expiries(keys) => {
+                put_header(out, EXPIRIES, keys.len());
+                for (key, generation) in keys {
+                    out.extend_from_slice(&generation.to_le_bytes());
+                    put_key(out, key);
+                }
+            }
+            Self::Checkpoint(items) => {
+                put_header(out, CHECKPOINT, items.len());
+                for item in items {
+                    out.extend_from_slice(&item.generation.to_le_bytes());
+                    out.extend_from_slice(&item.remaining_ms.to_le_bytes());
+                    put_key(out, &item.key);
+                }
+            }
         }
     }
 
     /// Reads one command that fills `bytes` exactly.
     pub fn decode(bytes: &[u8]) -> Result<Self, CommandError> {
         let (&tag, mut rest) = bytes.split_first().ok_or(CommandError::Truncated)?;
-        if tag != WRITES {
-            return Err(CommandError::UnknownTag(tag));
-        }
-        let n = take_u32(&mut rest)? as usize;
-        // Each record takes at least its 4-byte length: a count larger than that allows is
-        // damage, and must not size an allocation.
-        if n > rest.len() / 4 {
-            return Err(CommandError::Truncated);
-        }
-        let mut records = Vec::with_capacity(n);
-        for index in 0..n {
-            let len = take_u32(&mut rest)? as usize;
-            if len > rest.len() {
-                return Err(CommandError::Truncated);
-            }
-            let (record, after) = rest.split_at(len);
-            rest = after;
-            let record =
-                Record::decode(record).map_err(|source| CommandError::Record { index, source })?;
-            records.push(record);
-        }
+        let command = match tag {
+            WRITES => Self::Writes(decode_records(&mut rest)?),
+            EXPIRIES => Self::Expiries(decode_items(&mut rest, 4 + 2, |rest, index| {
+                let generation = take_u32(rest)?;
+                Ok((take_key(rest, index)?, generation))
+            })?),
+            CHECKPOINT => Self::Checkpoint(decode_items(&mut rest, 4 + 8 + 2, |rest, index| {
+                let generation = take_u32(rest)?;
+                let remaining_ms = take_u64(rest)?;
+                let key = take_key(rest, index)?;
+                Ok(CheckpointItem {
+                    key,
+                    generation,
+                    remaining_ms,
+                })
+            })?),
+            other => return Err(CommandError::UnknownTag(other)),
+        };
         match rest.len() {
-            0 => Ok(Self::Writes(records)),
+            0 => Ok(command),
             left => Err(CommandError::TrailingBytes(left)),
         }
     }
+}
+
+/// A tag and an item count.
+fn put_header(out: &mut Vec<u8>, tag: u8, n: usize) {
+    out.push(tag);
+    let n = u32::try_from(n).expect("a command holds far fewer items");
+    out.extend_from_slice(&n.to_le_bytes());
+}
+
+/// A key: its length (u16 LE; keys are at most 256 bytes) and its bytes.
+fn put_key(out: &mut Vec<u8>, key: &Key) {
+    let bytes = key.as_str().as_bytes();
+    let len = u16::try_from(bytes.len()).expect("a key is at most 256 bytes");
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(bytes);
+}
+
+fn take_key(bytes: &mut &[u8], index: usize) -> Result<Key, CommandError> {
+    let Some((head, rest)) = bytes.split_first_chunk::<2>() else {
+        return Err(CommandError::Truncated);
+    };
+    let len = usize::from(u16::from_le_bytes(*head));
+    if len > rest.len() {
+        return Err(CommandError::Truncated);
+    }
+    let (raw, rest) = rest.split_at(len);
+    *bytes = rest;
+    std::str::from_utf8(raw)
+        .ok()
+        .and_then(|raw| Key::new(raw).ok())
+        .ok_or(CommandError::Key { index })
+}
+
+/// A count, then that many items of at least `min_item_len` bytes each.
+fn decode_items<T>(
+    rest: &mut &[u8],
+    min_item_len: usize,
+    mut item: impl FnMut(&mut &[u8], usize) -> Result<T, CommandError>,
+) -> Result<Vec<T>, CommandError> {
+    let n = take_u32(rest)? as usize;
+    // A count larger than the bytes allow is damage, and must not size an allocation.
+    if n > rest.len() / min_item_len {
+        return Err(CommandError::Truncated);
+    }
+    (0..n).map(|index| item(rest, index)).collect()
+}
+
+/// The records of a `Writes` command.
+fn decode_records(rest: &mut &[u8]) -> Result<Vec<Record>, CommandError> {
+    let n = take_u32(rest)? as usize;
+    // Each record takes at least its 4-byte length: a count larger than that allows is damage,
+    // and must not size an allocation.
+    if n > rest.len() / 4 {
+        return Err(CommandError::Truncated);
+    }
+    let mut records = Vec::with_capacity(n);
+    for index in 0..n {
+        let len = take_u32(rest)? as usize;
+        if len > rest.len() {
+            return Err(CommandError::Truncated);
+        }
+        let (record, after) = rest.split_at(len);
+        *rest = after;
+        let record =
+            Record::decode(record).map_err(|source| CommandError::Record { index, source })?;
+        records.push(record);
+    }
+    Ok(records)
+}
+
+fn take_u64(bytes: &mut &[u8]) -> Result<u64, CommandError> {
+    let Some((head, rest)) = bytes.split_first_chunk::<8>() else {
+        return Err(CommandError::Truncated);
+    };
+    *bytes = rest;
+    Ok(u64::from_le_bytes(*head))
 }
 
 fn take_u32(bytes: &mut &[u8]) -> Result<u32, CommandError> {
@@ -189,6 +293,37 @@ mod tests {
             let json = serde_json::to_string(&command).unwrap();
             assert_eq!(serde_json::from_str::<Command>(&json).unwrap(), command);
         }
+    }
+
+    #[test]
+    fn expiries_and_checkpoints_read_back_and_a_bad_key_or_cut_is_refused() {
+        let key = |name: &str| Key::new(name).unwrap();
+        let commands = [
+            Command::Expiries(vec![(key("a"), 7), (key(&"k".repeat(256)), u32::MAX)]),
+            Command::Checkpoint(vec![CheckpointItem {
+                key: key("svc-1/instance-0000000001"),
+                generation: 3,
+                remaining_ms: 29_750,
+            }]),
+            Command::Expiries(Vec::new()),
+        ];
+        for command in commands {
+            let mut bytes = Vec::new();
+            command.encode(&mut bytes);
+            assert_eq!(Command::decode(&bytes), Ok(command.clone()));
+            let json = serde_json::to_string(&command).unwrap();
+            assert_eq!(serde_json::from_str::<Command>(&json).unwrap(), command);
+            for cut in 0..bytes.len() {
+                assert!(Command::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+            }
+        }
+        // An empty key is not a key.
+        let mut bytes = Vec::new();
+        Command::Expiries(vec![(key("a"), 1)]).encode(&mut bytes);
+        let at = bytes.len() - 3; // the key's length
+        bytes[at..at + 2].copy_from_slice(&0u16.to_le_bytes());
+        bytes.pop();
+        assert_eq!(Command::decode(&bytes), Err(CommandError::Key { index: 0 }));
     }
 
     #[test]

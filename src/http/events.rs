@@ -55,7 +55,7 @@ struct Filter {
 
 impl Filter {
     /// Guard events are about the whole registry: every client gets them.
-    fn matches(&self, event: &CompactEvent) -> bool {
+    fn matches(&self, event: &CompactEvent<'_>) -> bool {
         if event.kind().is_guard() {
             return true;
         }

@@ -64,14 +64,14 @@ pub async fn heartbeats_post(
 ) -> Result<Response, ApiError> {
     let body: HeartbeatBody<'_> = parse_json(&body)?;
     let now = Instant::now();
-    let (key, outcome) = match apply(&state, &caller, body, now)? {
-        Step::Done(key, outcome) => (key, outcome),
+    let outcome = match apply(&state, &caller, body, now)? {
+        Step::Done(outcome) => outcome,
         Step::Log(heartbeat, record, created) => {
-            replicate::propose(&state, vec![record]).await?;
-            let outcome = state.registry.outcome_after_log(&heartbeat, created, now);
-            (heartbeat.key, outcome)
+            replicate::propose(&state, vec![*record]).await?;
+            state.registry.outcome_after_log(heartbeat, created, now)
         }
     };
+    replicate::fence(&state)?;
     state.durable(Some(outcome.lsn)).await?;
     Ok(if minimal {
         (
@@ -80,7 +80,7 @@ pub async fn heartbeats_post(
         )
             .into_response()
     } else {
-        Json(respond(key, outcome)).into_response()
+        Json(respond(outcome)).into_response()
     })
 }
 
@@ -154,10 +154,11 @@ pub async fn heartbeats_batch(
     })
     .await;
     let outcomes = through_the_log(&state, steps).await;
+    replicate::fence(&state)?;
     // One wait for the whole batch: its last record's sync covers every earlier one.
     let last_lsn = outcomes
         .iter()
-        .filter_map(|outcome| outcome.as_ref().ok().map(|(_, outcome)| outcome.lsn))
+        .filter_map(|outcome| outcome.as_ref().ok().map(|outcome| outcome.lsn))
         .max()
         .unwrap_or(0);
     state.durable(Some(last_lsn)).await?;
@@ -166,7 +167,7 @@ pub async fn heartbeats_batch(
         ResultsMode::All => {
             let results = outcomes
                 .map(|outcome| match outcome {
-                    Ok((key, outcome)) => BatchItem::Ok(respond(key, outcome)),
+                    Ok(outcome) => BatchItem::Ok(respond(outcome)),
                     Err(error) => BatchItem::Err(error.body()),
                 })
                 .collect();
@@ -198,11 +199,11 @@ pub async fn heartbeats_batch(
 async fn through_the_log(
     state: &AppState,
     steps: Vec<Result<Step, ApiError>>,
-) -> Vec<Result<(Key, HeartbeatOutcome), ApiError>> {
+) -> Vec<Result<HeartbeatOutcome, ApiError>> {
     let records: Vec<_> = steps
         .iter()
         .filter_map(|step| match step {
-            Ok(Step::Log(_, record, _)) => Some(record.clone()),
+            Ok(Step::Log(_, record, _)) => Some(Record::clone(record)),
             _ => None,
         })
         .collect();
@@ -214,12 +215,9 @@ async fn through_the_log(
     steps
         .into_iter()
         .map(|step| match step? {
-            Step::Done(key, outcome) => Ok((key, outcome)),
+            Step::Done(outcome) => Ok(outcome),
             Step::Log(heartbeat, _, created) => match &proposed {
-                Ok(()) => {
-                    let outcome = state.registry.outcome_after_log(&heartbeat, created, now);
-                    Ok((heartbeat.key, outcome))
-                }
+                Ok(()) => Ok(state.registry.outcome_after_log(heartbeat, created, now)),
                 Err(error) => Err(error.clone()),
             },
         })
@@ -243,10 +241,10 @@ async fn in_chunks<T, R>(items: &[T], mut apply: impl FnMut(&T, Instant) -> R) -
 
 /// What became of one heartbeat.
 enum Step {
-    /// Applied: the key and what happened.
-    Done(Key, HeartbeatOutcome),
+    /// Applied: what happened (the outcome carries the key).
+    Done(HeartbeatOutcome),
     /// A cluster member's change: the record to propose, and whether it creates the key.
-    Log(Heartbeat, Record, bool),
+    Log(Heartbeat, Box<Record>, bool),
 }
 
 /// Validates one heartbeat, checks the caller may send it (a batch item outside the token's
@@ -278,26 +276,24 @@ fn apply(
         service,
         meta,
     };
-    let key = heartbeat.key.clone();
     if state.cluster.is_none() {
         // A single node: no copy of the heartbeat on the hot path.
-        let outcome = state.registry.heartbeat(heartbeat, now)?;
-        return Ok(Step::Done(key, outcome));
+        return Ok(Step::Done(state.registry.heartbeat(heartbeat, now)?));
     }
     match state.registry.heartbeat(heartbeat.clone(), now) {
-        Ok(outcome) => Ok(Step::Done(key, outcome)),
+        Ok(outcome) => Ok(Step::Done(outcome)),
         Err(RegistryError::NeedsLog) => {
             let (record, created) = state.registry.upsert_for(&heartbeat, now);
-            Ok(Step::Log(heartbeat, record, created))
+            Ok(Step::Log(heartbeat, Box::new(record), created))
         }
         Err(error) => Err(error.into()),
     }
 }
 
 /// The answer to one accepted heartbeat.
-fn respond(key: Key, outcome: HeartbeatOutcome) -> HeartbeatResponse {
+fn respond(outcome: HeartbeatOutcome) -> HeartbeatResponse {
     HeartbeatResponse {
-        key,
+        key: outcome.key,
         service: outcome.service.map(|name| name.as_str().to_owned()),
         created: outcome.created,
         ttl_ms: outcome.ttl_ms,

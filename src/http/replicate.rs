@@ -6,6 +6,7 @@
 //! linearizable reads of keys and services. `?consistency=stale` reads are served by any
 //! member from what it has applied, with `X-Ttlwheel-Applied-Index`. A request forwarded once
 //! is never forwarded again: a member that stopped leading meanwhile answers 503 `no_leader`.
+//! The leader serves only while its lease holds ([`fence`]); otherwise 503 `no_quorum`.
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, Method};
@@ -96,6 +97,9 @@ pub async fn forward_to_leader(
         return response;
     }
     if cluster.is_leader() {
+        if let Err(fenced) = fence(&state) {
+            return fenced.into_response();
+        }
         return next.run(request).await;
     }
     if forward::is_forwarded(request.headers()) {
@@ -106,6 +110,21 @@ pub async fn forward_to_leader(
         .into_response();
     }
     cluster.forward(request).await
+}
+
+/// 503 `no_quorum` unless this member may serve now (design section 6: it leads, is
+/// promoted, and a quorum acknowledged it within the fence); always fine on a single node.
+/// Checked before a leader serves anything, and again before a renewal it applied in memory
+/// is acknowledged (a stall in between must not acknowledge it past the fence).
+pub fn fence(state: &AppState) -> Result<(), ApiError> {
+    match &state.cluster {
+        Some(cluster) if !cluster.may_serve() => Err(ApiError::NoQuorum(
+            "this member cannot confirm it still leads (no quorum acknowledged it within the \
+             lease, or it is still taking over): retry, or send it to another member"
+                .into(),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Proposes `records` as one entry and waits until it is applied here.

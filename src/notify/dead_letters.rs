@@ -151,6 +151,7 @@ mod tests {
                     occurred_at_ms: n,
                     lateness_ms: 0,
                     restored: false,
+                    log_id: None,
                 },
             }),
             attempts: 8,

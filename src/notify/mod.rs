@@ -429,9 +429,12 @@ fn admit(
     ids: &MessageIds,
 ) {
     if kinds.contains(&event.kind) {
-        batch.push(Arc::new(Message {
-            id: ids.next(),
-            event,
-        }));
+        // A cluster's event is numbered by the log, the same on every member: every member
+        // that delivers it sends one id, which receivers deduplicate on.
+        let id = match event.log_id {
+            Some(log_id) => format!("msg_log_{log_id:016x}").into_boxed_str(),
+            None => ids.next(),
+        };
+        batch.push(Arc::new(Message { id, event }));
     }
 }

@@ -395,6 +395,7 @@ mod tests {
                 occurred_at_ms: 1000 + sequence,
                 lateness_ms: 0,
                 restored: false,
+                log_id: None,
             },
         })
     }

@@ -412,6 +412,7 @@ impl<'a> Reader<'a> {
             occurred_at_ms: self.varint()?,
             lateness_ms: self.varint()?,
             restored: self.present()?,
+            log_id: None,
         };
         Ok(WebhookMessage {
             url,
@@ -566,6 +567,7 @@ mod tests {
                             occurred_at_ms: occurred,
                             lateness_ms: lateness,
                             restored,
+                            log_id: None,
                         },
                     }
                 },

@@ -107,6 +107,7 @@ mod tests {
                 occurred_at_ms: 4,
                 lateness_ms: 1,
                 restored: false,
+                log_id: None,
             },
         }
     }

@@ -120,10 +120,17 @@ impl Registry {
     /// (see the module documentation). Used by [`Registry::snapshot`] and by the cluster's Raft
     /// snapshots (`cluster::snapshot`), which have no journal.
     pub fn state_records(&self) -> impl Iterator<Item = Record> + '_ {
-        let expired = self
-            .shards
-            .iter()
-            .flat_map(move |shard| shard.0.lock().expired_records(&self.ctx()));
+        self.state_records_with_generations()
+            .map(|(record, _)| record)
+    }
+
+    /// [`Registry::state_records`], each with its key's generation (cluster mode; 0 for
+    /// expired-list records and on a single node).
+    pub fn state_records_with_generations(&self) -> impl Iterator<Item = (Record, u32)> + '_ {
+        let expired = self.shards.iter().flat_map(move |shard| {
+            let records = shard.0.lock().expired_records(&self.ctx());
+            records.into_iter().map(|record| (record, 0))
+        });
         let alive = self.shards.iter().flat_map(move |shard| {
             let mut next = Some(0);
             std::iter::from_fn(move || {
@@ -153,7 +160,10 @@ impl Registry {
 
     /// The id of a restored key's service, pinned until the key is stored (`NONE`, with a
     /// warning, if the table is full of names in use).
-    fn service_id_for(&self, name: Option<&ServiceName>) -> (ServiceId, Option<Pin<'_>>) {
+    pub(super) fn service_id_for(
+        &self,
+        name: Option<&ServiceName>,
+    ) -> (ServiceId, Option<Pin<'_>>) {
         let Some(name) = name else {
             return (ServiceId::NONE, None);
         };

@@ -304,5 +304,6 @@ fn guard_event(kind: EventKind, details: &serde_json::Value, at_unix_ms: u64) ->
         occurred_at_ms: at_unix_ms,
         lateness_ms: 0,
         restored: false,
+        log_id: None,
     }
 }

@@ -49,9 +49,11 @@ impl ListFilter {
     }
 }
 
-/// Most slots in one block of a [`SortedSlots`]; a fuller block is split in two. Small enough
-/// that an insertion's move within a block is one short `memmove` (1 KiB), large enough that
-/// the block headers cost under 0.2 bytes per key.
+/// Most slots in one block of a [`SortedSlots`]; a full block is split in two before an
+/// insertion, so a block's allocation never grows past 1 KiB (one size class for every full
+/// block, where growing to 257 ids doubled it to 2 KiB). Small enough that an insertion's move
+/// within a block is one short `memmove`, large enough that the block headers cost under 0.2
+/// bytes per key.
 const BLOCK_MAX: usize = 256;
 
 /// Slot ids in the order of their keys, which stay in the entries: a sorted list cut into
@@ -115,12 +117,15 @@ impl SortedSlots {
             block -= 1;
             offset = self.blocks[block].len();
         }
-        let slots = &mut self.blocks[block];
-        slots.insert(offset, slot);
-        if slots.len() > BLOCK_MAX {
-            let upper = slots.split_off(BLOCK_MAX / 2);
+        if self.blocks[block].len() == BLOCK_MAX {
+            let upper = self.blocks[block].split_off(BLOCK_MAX / 2);
             self.blocks.insert(block + 1, upper);
+            if offset > BLOCK_MAX / 2 {
+                block += 1;
+                offset -= BLOCK_MAX / 2;
+            }
         }
+        self.blocks[block].insert(offset, slot);
     }
 
     /// Takes out `slot`, whose key is `key_of(slot)` (still readable: the caller removes the

@@ -51,6 +51,7 @@ pub use ops::{
     KeyState, KeyView, RegistryError, ServiceCounts, ServicesOverview,
 };
 pub use services::{ServiceId, MAX_SERVICES};
+pub use shard::CheckpointItem;
 pub use sweep::{SweepReport, SWEEP_CHUNK};
 
 use crate::clock::{Clock, Now};
@@ -309,6 +310,7 @@ impl Registry {
             self.wake_for_heap_deadline(renewal.deadline_ms);
         }
         Ok(HeartbeatOutcome {
+            key: heartbeat.key,
             created: renewal.created,
             service: match heartbeat.service {
                 Some(name) => Some(name),
@@ -415,7 +417,7 @@ impl Registry {
         let now = self.clock.at(now);
         let views = self.merge_pages(
             limit,
-            |shard| shard.list_alive(filter, limit + 1, now),
+            |shard| shard.list_alive(filter, limit + 1, now, self.config.replicated),
             |view| &view.key,
         );
         let more = views.len() > limit;

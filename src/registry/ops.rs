@@ -21,6 +21,9 @@ pub struct Heartbeat {
 /// What a heartbeat did. Times are Unix ms.
 #[derive(Clone, Debug)]
 pub struct HeartbeatOutcome {
+    /// The key, handed back so that a caller answering with it need not copy it (a key over 24
+    /// bytes is a heap allocation).
+    pub key: Key,
     pub created: bool,
     pub service: Option<ServiceName>,
     pub ttl_ms: u64,

@@ -1,16 +1,183 @@
 //! The registry's side of cluster mode (`RegistryConfig::replicated`): what a change that must
-//! go through the Raft log is proposed as, and what a request is answered once its entry has
-//! been applied. The registry itself changes only when the state machine applies the entry
-//! (`Registry::restore`), on every member alike.
+//! go through the Raft log is proposed as, what a request is answered once its entry has been
+//! applied, and applying committed entries: writes, expiries and checkpoints, each with its
+//! events, on every member alike (`cluster::state_machine` calls these in log order).
+//!
+//! The leader's side: the sweeper lists due keys instead of expiring them
+//! ([`Registry::expiring_batch`] is what the next expiry entry names), renewals are collected
+//! for the next checkpoint ([`Registry::take_checkpoint`]), and a promotion gives every key its
+//! failover deadline ([`Registry::promote`]). See `shard::replicated` for the per-key rules.
 
 use tokio::time::Instant;
 
+use super::shard::CheckpointItem;
 use super::{Heartbeat, HeartbeatOutcome, Registry};
 use crate::expiry::TimerKind;
 use crate::persist::record::{Expiry, KeyState, Record};
 use crate::types::Key;
 
+/// Slots a promotion pass handles per shard lock: about as long a hold as a sweep chunk.
+const PROMOTE_CHUNK: u32 = 4096;
+
+/// The generation a key written by the entry at `index` gets (module doc of `shard::replicated`).
+pub fn generation_of(index: u64) -> u32 {
+    index as u32 // the low 32 bits, on purpose
+}
+
+/// The most items one entry numbers events for: positions take 16 bits of an event's log id.
+pub const MAX_ENTRY_ITEMS: usize = 1 << 16;
+
+/// The log id of the event of item `position` of the entry at `index` (`Event::log_id`).
+pub fn event_log_id(index: u64, position: usize) -> u64 {
+    debug_assert!(
+        position < MAX_ENTRY_ITEMS,
+        "an entry holds at most 65,536 items"
+    );
+    index << 16 | (position as u64 & 0xffff)
+}
+
 impl Registry {
+    /// Applies one record of the committed entry at log index `index`, with its event: a
+    /// creation publishes `registered`, a delete `deleted`; other records are applied as
+    /// recovery applies them. Returns whether a key was created.
+    pub fn apply_logged(&self, record: Record, index: u64, position: usize, at: Instant) -> bool {
+        let now = self.clock.at(at);
+        let generation = generation_of(index);
+        let stamp = event_log_id(index, position);
+        match record {
+            Record::Upsert(state) => {
+                let (service, _pin) = self.service_id_for(state.service.as_ref());
+                let key = state.key.clone();
+                self.with_shard(&key, |shard, hash, ctx| {
+                    shard.stamped(stamp, |shard| {
+                        shard.apply_upsert(state, hash, service, generation, ctx, now)
+                    })
+                })
+            }
+            Record::Deleted { key, .. } => {
+                self.with_shard(&key, |shard, hash, ctx| {
+                    shard.stamped(stamp, |shard| shard.apply_delete((&key, hash), ctx, now.ms))
+                });
+                false
+            }
+            // Not proposed by members today; applied as recovery applies them, silently.
+            other => {
+                self.restore(other, at);
+                false
+            }
+        }
+    }
+
+    /// Applies the committed expiry entry at `index`: each key that still has the generation
+    /// the leader saw expires, with its event. Returns how many expired.
+    pub fn apply_expiries(&self, keys: &[(Key, u32)], index: u64, now: Instant) -> usize {
+        let now = self.clock.at(now);
+        let expired = keys
+            .iter()
+            .enumerate()
+            .filter(|(position, (key, generation))| {
+                let stamp = event_log_id(index, *position);
+                self.with_shard(key, |shard, hash, ctx| {
+                    shard.stamped(stamp, |shard| {
+                        shard.apply_expiry((key, hash), *generation, ctx, now.ms)
+                    })
+                })
+            })
+            .count();
+        self.guard_saw_expiries(now, expired);
+        expired
+    }
+
+    /// Applies a committed checkpoint on a member that did not take it: each key still of
+    /// the generation is due its remaining time from `now`.
+    pub fn apply_checkpoint(&self, items: &[CheckpointItem], now: Instant) {
+        let now = self.clock.at(now);
+        for item in items {
+            self.with_shard(&item.key, |shard, hash, ctx| {
+                shard.apply_checkpoint(item, hash, ctx, now)
+            });
+        }
+    }
+
+    /// The leader's checkpoint: every key renewed since the last one, with its time left.
+    pub fn take_checkpoint(&self, now: Instant) -> Vec<CheckpointItem> {
+        let now = self.clock.at(now);
+        let mut items = Vec::new();
+        for shard in self.shards.iter() {
+            shard.0.lock().take_renewed(now, &mut items);
+        }
+        items
+    }
+
+    /// Leadership lost: the renewals not yet checkpointed are forgotten (the next leader
+    /// counts from its own promotion).
+    pub fn forget_renewals(&self) {
+        for shard in self.shards.iter() {
+            shard.0.lock().forget_renewed();
+        }
+    }
+
+    /// Up to `max` keys (spread over the shards) whose expiry the leader is to propose, each
+    /// with its generation. Keys stay listed until the entry is applied.
+    pub fn expiring_batch(&self, max: usize) -> Vec<(Key, u32)> {
+        let per_shard = max.div_ceil(self.shards.len()).max(1);
+        let mut keys = Vec::new();
+        for shard in self.shards.iter() {
+            if keys.len() >= max {
+                break;
+            }
+            shard.0.lock().expiring_keys(per_shard, &mut keys);
+        }
+        keys.truncate(max);
+        keys
+    }
+
+    /// Keys listed for an expiry entry, in every shard.
+    pub fn expiring_count(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|shard| shard.0.lock().expiring_count())
+            .sum()
+    }
+
+    /// A new leader's promotion: every key with a TTL gets `deadline_for(remaining, ttl)`
+    /// (both in ms; the result an instant), `remaining` counted as of `last_contact`, the
+    /// last instant the old leader was known to count. [`PROMOTE_CHUNK`] slots per lock.
+    pub fn promote(&self, last_contact: Instant, deadline_for: &dyn Fn(u64, u64) -> Instant) {
+        let contact_ms = self.clock.at(last_contact).ms;
+        let ctx_clock = &self.clock;
+        let to_ms = |remaining_ms: u64, ttl_ms: u64| {
+            ctx_clock
+                .at(deadline_for(remaining_ms, ttl_ms))
+                .deadline_ms(0)
+        };
+        for shard in self.shards.iter() {
+            let mut next = Some(0);
+            while let Some(from) = next {
+                let ctx = self.ctx();
+                next = shard
+                    .0
+                    .lock()
+                    .promote_slots(from, PROMOTE_CHUNK, contact_ms, &to_ms, &ctx);
+            }
+        }
+        self.forget_renewals();
+        self.wakeup.notify_one();
+    }
+
+    /// Applies a key record read from a Raft snapshot, with the generation it was saved with.
+    pub fn restore_with_generation(&self, record: Record, generation: u32, now: Instant) {
+        let key = match &record {
+            Record::Upsert(state) => Some(state.key.clone()),
+            _ => None,
+        };
+        self.restore(record, now);
+        if let Some(key) = key {
+            let (shard, hash) = self.shard_of(&key);
+            shard.lock().restore_generation((&key, hash), generation);
+        }
+    }
+
     /// The record a heartbeat that changes more than the deadline proposes: the key's whole
     /// state as it will be (the stored service, metadata and registration time where the
     /// heartbeat names none), and whether it creates the key.
@@ -57,7 +224,7 @@ impl Registry {
     /// later change removed it meanwhile, as the heartbeat left it).
     pub fn outcome_after_log(
         &self,
-        heartbeat: &Heartbeat,
+        heartbeat: Heartbeat,
         created: bool,
         now: Instant,
     ) -> HeartbeatOutcome {
@@ -65,6 +232,7 @@ impl Registry {
         let timer = TimerKind::for_ttl(ttl_ms, self.config.max_ttl_s);
         match self.get(&heartbeat.key, now) {
             Some(view) => HeartbeatOutcome {
+                key: heartbeat.key,
                 created,
                 service: view.service,
                 ttl_ms: view.ttl_ms.unwrap_or(ttl_ms),
@@ -76,8 +244,9 @@ impl Registry {
             None => {
                 let now_unix_ms = self.clock.unix_ms(self.clock.at(now).ms);
                 HeartbeatOutcome {
+                    key: heartbeat.key,
                     created,
-                    service: heartbeat.service.clone(),
+                    service: heartbeat.service,
                     ttl_ms,
                     expires_in_ms: ttl_ms,
                     expires_at_ms: now_unix_ms + ttl_ms,
@@ -86,5 +255,186 @@ impl Registry {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::events::EventKind;
+    use crate::registry::{KeyState as State, RegistryConfig, RegistryError};
+    use crate::types::Ttl;
+
+    fn member(epoch: Instant) -> Registry {
+        let config = RegistryConfig {
+            replicated: true,
+            shards: 4,
+            ..RegistryConfig::default()
+        };
+        Registry::new(config, epoch)
+    }
+
+    fn key(name: &str) -> Key {
+        Key::new(name).unwrap()
+    }
+
+    fn heartbeat(name: &str, ttl_s: u64) -> Heartbeat {
+        Heartbeat {
+            key: key(name),
+            ttl: Ttl::from_secs(ttl_s).unwrap(),
+            service: None,
+            meta: None,
+        }
+    }
+
+    /// Creates `name` as the entry at `index` would.
+    fn create(registry: &Registry, name: &str, ttl_s: u64, index: u64, now: Instant) {
+        let (record, created) = registry.upsert_for(&heartbeat(name, ttl_s), now);
+        assert!(created);
+        assert!(registry.apply_logged(record, index, 0, now));
+        registry.check_invariants();
+    }
+
+    fn events(receiver: &mut crate::events::EventReceiver) -> Vec<(EventKind, String)> {
+        std::iter::from_fn(|| receiver.try_recv())
+            .map(|event| (event.kind, event.key.as_str().to_owned()))
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_due_key_is_listed_for_the_log_and_leaves_only_when_its_expiry_is_applied() {
+        let epoch = Instant::now();
+        let registry = member(epoch);
+        let mut receiver = registry.subscribe();
+        create(&registry, "a", 1, 7, epoch);
+        assert_eq!(events(&mut receiver), [(EventKind::Registered, "a".into())]);
+        let later = epoch + Duration::from_millis(1_500);
+        registry.sweep(later, 1 << 20);
+        registry.check_invariants();
+        assert_eq!(registry.expiring_batch(10), [(key("a"), 7)]);
+        assert!(
+            events(&mut receiver).is_empty(),
+            "no event before the commit"
+        );
+        assert_ne!(registry.state(&key("a"), later), State::Missing);
+        // A renewal now must be ordered against the expiry by the log.
+        assert!(matches!(
+            registry.heartbeat(heartbeat("a", 1), later),
+            Err(RegistryError::NeedsLog)
+        ));
+        assert_eq!(
+            registry.apply_expiries(&[(key("b"), 1), (key("a"), 7)], 12, later),
+            1
+        );
+        registry.check_invariants();
+        let expired = receiver.try_recv().expect("the expiry's event");
+        assert_eq!(
+            (expired.kind, expired.key.as_str()),
+            (EventKind::Expired, "a")
+        );
+        assert_eq!(
+            expired.log_id,
+            Some(12 << 16 | 1),
+            "numbered by its entry and its place in it, as on every member"
+        );
+        assert_eq!(registry.state(&key("a"), later), State::Missing);
+        assert!(registry.expiring_batch(10).is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_expiry_for_an_older_generation_applies_as_nothing() {
+        let epoch = Instant::now();
+        let registry = member(epoch);
+        create(&registry, "a", 1, 7, epoch);
+        let later = epoch + Duration::from_millis(1_500);
+        registry.sweep(later, 1 << 20);
+        // A heartbeat through the log (entry 9) lands before the expiry decided at 7.
+        let (record, created) = registry.upsert_for(&heartbeat("a", 1), later);
+        assert!(!created);
+        registry.apply_logged(record, 9, 0, later);
+        registry.check_invariants();
+        assert!(
+            registry.expiring_batch(10).is_empty(),
+            "the write took it off the list"
+        );
+        let mut receiver = registry.subscribe();
+        assert_eq!(registry.apply_expiries(&[(key("a"), 7)], 12, later), 0);
+        assert!(events(&mut receiver).is_empty());
+        assert_eq!(registry.state(&key("a"), later), State::ExpiresIn(1_000));
+        // Deleted and created again: the old generation's expiry does nothing either.
+        let deletion = registry.deletion_for(&key("a"), later).unwrap();
+        registry.apply_logged(deletion, 10, 0, later);
+        create(&registry, "a", 5, 11, later);
+        assert_eq!(registry.apply_expiries(&[(key("a"), 9)], 12, later), 0);
+        assert_eq!(registry.apply_expiries(&[(key("a"), 11)], 12, later), 1);
+        registry.check_invariants();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_checkpoint_carries_each_renewed_key_once_and_sets_other_members_deadlines() {
+        let epoch = Instant::now();
+        let (leader, follower) = (member(epoch), member(epoch));
+        for registry in [&leader, &follower] {
+            create(registry, "a", 10, 3, epoch);
+            create(registry, "b", 10, 4, epoch);
+        }
+        let renewed_at = epoch + Duration::from_secs(4);
+        for _ in 0..3 {
+            leader.heartbeat(heartbeat("a", 10), renewed_at).unwrap();
+        }
+        let taken_at = renewed_at + Duration::from_secs(1);
+        let items = leader.take_checkpoint(taken_at);
+        assert_eq!(
+            items,
+            [CheckpointItem {
+                key: key("a"),
+                generation: 3,
+                remaining_ms: 9_000
+            }]
+        );
+        assert!(leader.take_checkpoint(taken_at).is_empty(), "taken once");
+        follower.apply_checkpoint(&items, taken_at);
+        follower.check_invariants();
+        assert_eq!(follower.state(&key("a"), taken_at), State::ExpiresIn(9_000));
+        assert_eq!(follower.state(&key("b"), taken_at), State::ExpiresIn(5_000));
+        // An item of another generation is skipped.
+        let stale = [CheckpointItem {
+            generation: 2,
+            ..items[0].clone()
+        }];
+        follower.apply_checkpoint(&stale, taken_at + Duration::from_secs(3));
+        assert_eq!(follower.state(&key("a"), taken_at), State::ExpiresIn(9_000));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_promotion_keeps_the_old_leaders_promise_and_gives_overdue_keys_the_grace() {
+        let epoch = Instant::now();
+        let registry = member(epoch);
+        create(&registry, "long", 30, 3, epoch); // due at 30 s
+        create(&registry, "short", 2, 4, epoch); // due at 2 s: overdue at the promotion
+        let contact = epoch + Duration::from_secs(10);
+        let promoted = contact + Duration::from_secs(3);
+        registry.sweep(promoted, 1 << 20);
+        let grace = Duration::from_secs(5);
+        // The cluster's rule (`cluster::lease::failover_deadline`), written out here: the
+        // registry must not import the cluster that wraps it.
+        registry.promote(contact, &|remaining_ms, ttl_ms| {
+            let ttl_or_grace = Duration::from_millis(ttl_ms).min(grace);
+            promoted + Duration::from_millis(remaining_ms).max(ttl_or_grace)
+        });
+        registry.check_invariants();
+        // 20 s were left at the last contact: kept whole from the promotion.
+        assert_eq!(
+            registry.state(&key("long"), promoted),
+            State::ExpiresIn(20_000)
+        );
+        // Overdue: min(TTL, grace) from the promotion.
+        assert_eq!(
+            registry.state(&key("short"), promoted),
+            State::ExpiresIn(2_000)
+        );
+        assert!(registry.expiring_batch(10).is_empty());
     }
 }

@@ -39,6 +39,10 @@ use crate::persist::record::{ExpiredState, Expiry, KeyState as DurableKey, Recor
 use crate::types::{Key, Meta};
 use foldhash::fast::RandomState;
 
+mod replicated;
+
+pub use replicated::CheckpointItem;
+
 /// A key and its hash, as the registry computed them once for the operation.
 pub(super) type Keyed<'a> = (&'a Key, KeyHash);
 
@@ -65,6 +69,11 @@ enum Timer {
     Held {
         pos: u32,
     },
+    /// Cluster mode: due on the leader, at `pos` of the shard's expiring list, its expiry to be
+    /// proposed (or in flight); it leaves only when the expiry entry is applied (`replicated`).
+    Expiring {
+        pos: u32,
+    },
 }
 
 impl TimerRef {
@@ -78,6 +87,9 @@ impl TimerRef {
     };
     /// The tick of a held key (its `pos` is its place in the held list).
     const HELD_TICK: Tick = Tick::MAX - 2;
+    /// The tick of a key whose expiry is to be proposed (its `pos` is its place in the
+    /// expiring list).
+    const EXPIRING_TICK: Tick = Tick::MAX - 3;
 
     /// The `pos` of a wheel key whose element is in the last second's groups (its tick was
     /// detached and handed over): no bucket position is this large.
@@ -94,9 +106,16 @@ impl TimerRef {
         }
     }
 
+    fn expiring(pos: u32) -> Self {
+        Self {
+            tick: Self::EXPIRING_TICK,
+            pos,
+        }
+    }
+
     fn wheel(tick: Tick, pos: u32) -> Self {
         debug_assert!(
-            tick < Self::HELD_TICK,
+            tick < Self::EXPIRING_TICK,
             "tick {tick} collides with a sentinel"
         );
         Self { tick, pos }
@@ -110,6 +129,10 @@ impl TimerRef {
                 tick: Self::HELD_TICK,
                 pos,
             } => Timer::Held { pos },
+            Self {
+                tick: Self::EXPIRING_TICK,
+                pos,
+            } => Timer::Expiring { pos },
             Self { tick, pos } => Timer::Wheel { tick, pos },
         }
     }
@@ -145,6 +168,9 @@ const ABSOLUTE: u16 = 1 << 15;
 /// `Entry::flags`: restored from the persistence log at start-up and not renewed since; its
 /// expiry event says so.
 const RESTORED: u16 = 1 << 14;
+/// `Entry::flags`, cluster mode: renewed since the leader's last checkpoint (the slot is in
+/// the shard's `renewed` list).
+const RENEWED: u16 = 1 << 13;
 /// `Entry::flags`: the registration's milliseconds.
 const SUBSEC_MS: u16 = (1 << 10) - 1;
 
@@ -246,6 +272,18 @@ pub(super) struct Shard {
     pending_records: Vec<Record>,
     /// Keys that are due and held by the mass-expiry guard (`Timer::Held` records the place).
     held: Vec<SlotId>,
+    /// Cluster mode: keys due on the leader whose expiry is to be proposed
+    /// (`Timer::Expiring` records the place).
+    expiring: Vec<SlotId>,
+    /// Cluster mode: slots renewed since the last checkpoint (flag `RENEWED`; a slot freed or
+    /// reused since is skipped by its flag).
+    renewed: Vec<SlotId>,
+    /// Cluster mode: each slot's generation, the low 32 bits of the log index of the entry
+    /// that last wrote the key (empty on a single node).
+    generations: Vec<u32>,
+    /// Cluster mode: the log number the events of the record being applied get
+    /// (`Event::log_id`); `None` outside an apply.
+    log_stamp: Option<u64>,
     /// The detached tick's keys in their last second, by millisecond.
     last: LastSecond,
     /// Reused buffer for the due elements of the last second.
@@ -271,6 +309,10 @@ impl Shard {
             pending_events: Vec::new(),
             pending_records: Vec::new(),
             held: Vec::new(),
+            expiring: Vec::new(),
+            renewed: Vec::new(),
+            generations: Vec::new(),
+            log_stamp: None,
             last: LastSecond::default(),
             scratch: Vec::new(),
             ordered: ctx.config.listing.then(OrderedIndex::default),
@@ -308,7 +350,9 @@ impl Shard {
         let found = self.find_alive(key, ctx, now_ms);
         let durable_change = found.is_none_or(|slot| {
             let entry = self.slots.entry(slot);
-            entry.ttl() != Some(ttl_ms)
+            // An expiry in flight: only the log orders a renewal against it.
+            matches!(entry.timer.get(), Timer::Expiring { .. })
+                || entry.ttl() != Some(ttl_ms)
                 || entry.flags & ABSOLUTE != 0
                 || service.is_some_and(|service| service != entry.service)
                 || meta
@@ -365,6 +409,9 @@ impl Shard {
         }
         if durable_change {
             self.record_state(slot, ctx);
+        }
+        if ctx.config.replicated {
+            self.mark_renewed(slot);
         }
         Ok(Renewal {
             created,
@@ -603,7 +650,7 @@ impl Shard {
             self.hold(slot);
             0
         } else {
-            self.remove(slot, EventKind::Expired, ctx, now_ms);
+            self.expire_due(slot, ctx, now_ms);
             1
         }
     }
@@ -623,7 +670,7 @@ impl Shard {
             if ctx.holding {
                 self.hold(slot);
             } else {
-                self.remove(slot, EventKind::Expired, ctx, now_ms);
+                self.expire_due(slot, ctx, now_ms);
                 n_expired += 1;
             }
             handled += 1;
@@ -651,7 +698,7 @@ impl Shard {
         let n = max.min(self.held.len());
         for _ in 0..n {
             let slot = *self.held.last().expect("n <= held");
-            self.remove(slot, EventKind::Expired, ctx, now.ms);
+            self.expire_due(slot, ctx, now.ms);
         }
         n
     }
@@ -689,11 +736,20 @@ impl Shard {
     }
 
     /// Up to `limit` alive keys matching `filter`, in key order.
-    pub fn list_alive(&self, filter: &ListFilter, limit: usize, now: Now) -> Vec<EntryView> {
+    /// `replicated`: a cluster member lists every key it holds (a key leaves only when its
+    /// expiry entry is applied), due or not.
+    pub fn list_alive(
+        &self,
+        filter: &ListFilter,
+        limit: usize,
+        now: Now,
+        replicated: bool,
+    ) -> Vec<EntryView> {
         let Some(ordered) = &self.ordered else {
             return Vec::new();
         };
-        let now_ms = now.ms;
+        // A member lists its keys as if none were due.
+        let now_ms = if replicated { 0 } else { now.ms };
         let slots = &self.slots;
         ordered
             .scan(filter, |slot| &slots.entry(slot).key)
@@ -859,7 +915,8 @@ impl Shard {
             .collect()
     }
 
-    /// The records of the alive keys in slots `from..from + count`, and the slot to go on from
+    /// The records of the alive keys in slots `from..from + count` with their generations
+    /// (cluster mode; 0 on a single node), and the slot to go on from
     /// (`None` at the end): a snapshot reads a shard in such chunks, so no heartbeat waits
     /// behind a whole shard.
     pub fn alive_records(
@@ -867,11 +924,14 @@ impl Shard {
         from: SlotId,
         count: u32,
         ctx: &Ctx<'_>,
-    ) -> (Vec<Record>, Option<SlotId>) {
+    ) -> (Vec<(Record, u32)>, Option<SlotId>) {
         let end = from.saturating_add(count);
         let records = (from..end)
-            .filter_map(|slot| self.slots.get(slot))
-            .map(|entry| Record::Upsert(self.durable_state(entry, ctx)))
+            .filter_map(|slot| Some((slot, self.slots.get(slot)?)))
+            .map(|(slot, entry)| {
+                let record = Record::Upsert(self.durable_state(entry, ctx));
+                (record, self.generation(slot))
+            })
             .collect();
         let next = (end < self.slots.len_with_free()).then_some(end);
         (records, next)
@@ -950,6 +1010,20 @@ impl Shard {
                         entry.key
                     );
                 }
+                Timer::Expiring { pos } => {
+                    assert_eq!(
+                        self.expiring.get(pos as usize),
+                        Some(&slot),
+                        "{}'s place in the expiring list",
+                        entry.key
+                    );
+                    assert_eq!(
+                        self.heap.deadline_of(slot),
+                        None,
+                        "{} is expiring but in the heap",
+                        entry.key
+                    );
+                }
                 Timer::Persistent => {
                     assert_eq!(
                         entry.deadline_ms, NO_DEADLINE,
@@ -973,6 +1047,13 @@ impl Shard {
                 .get(slot)
                 .is_some_and(|entry| matches!(entry.timer.get(), Timer::Held { .. }))),
             "a held-list element whose key is not held"
+        );
+        assert!(
+            self.expiring.iter().all(|&slot| self
+                .slots
+                .get(slot)
+                .is_some_and(|entry| matches!(entry.timer.get(), Timer::Expiring { .. }))),
+            "an expiring-list element whose key is not expiring"
         );
         for tick in self.wheel.held_ticks() {
             let live = self
@@ -1171,6 +1252,18 @@ impl Shard {
     /// Queues the `registered` event of the key just created in `slot`.
     fn registered(&mut self, slot: SlotId, ctx: &Ctx<'_>, now_ms: u64) {
         let event = event_of(EventKind::Registered, self.slots.entry(slot), ctx, now_ms);
+        self.pend(event);
+    }
+
+    /// Queues an event for [`Shard::flush_events`]. Most operations publish one event, and the
+    /// vector goes to the bus whole and waits there until the stream and the webhooks have
+    /// taken it: its first allocation is exact (one event, not `Vec`'s minimum of four), so a
+    /// burst of registrations in flight holds a quarter of the bytes.
+    fn pend(&mut self, mut event: Event) {
+        event.log_id = event.log_id.or(self.log_stamp);
+        if self.pending_events.capacity() == 0 {
+            self.pending_events.reserve_exact(1);
+        }
         self.pending_events.push(event);
     }
 
@@ -1198,7 +1291,7 @@ impl Shard {
         if kind == EventKind::Expired {
             self.add_to_expired_list(entry, at_unix_ms);
         }
-        self.pending_events.push(event);
+        self.pend(event);
     }
 
     /// Takes the key in `slot` out of every structure, silently, and returns its entry.
@@ -1317,6 +1410,12 @@ impl Shard {
                     self.slots.entry_mut(moved).timer = TimerRef::held(pos);
                 }
             }
+            Timer::Expiring { pos } => {
+                self.expiring.swap_remove(pos as usize);
+                if let Some(&moved) = self.expiring.get(pos as usize) {
+                    self.slots.entry_mut(moved).timer = TimerRef::expiring(pos);
+                }
+            }
             Timer::Persistent => {}
         }
         self.slots.entry_mut(slot).timer = TimerRef::PERSISTENT;
@@ -1367,7 +1466,7 @@ impl Shard {
                 Timer::Persistent => None,
                 Timer::Heap => Some(TimerKind::Heap),
                 Timer::Wheel { .. } => Some(TimerKind::Wheel),
-                Timer::Held { .. } => Some(TimerKind::for_ttl(
+                Timer::Held { .. } | Timer::Expiring { .. } => Some(TimerKind::for_ttl(
                     entry.ttl_ms,
                     (self.wheel.n_buckets() - 2) as u32,
                 )),
@@ -1407,6 +1506,7 @@ fn event_of(kind: EventKind, entry: &Entry, ctx: &Ctx<'_>, now_ms: u64) -> Event
         occurred_at_ms,
         lateness_ms,
         restored: kind == EventKind::Expired && entry.flags & RESTORED != 0,
+        log_id: None,
     }
 }
 

@@ -3,13 +3,15 @@
 //!
 //! Invariants:
 //! - The ring holds the last events, as many as fit in both of its bounds: a count
-//!   (`--events-ring`) and bytes (`--events-ring-bytes`, [`EventHub::bytes`]: the slot array's
-//!   capacity, each event's compact form and each frame encoded so far). It keeps at least the
-//!   newest event. Event `seq` numbers are consecutive, so a client's position is one number
-//!   and a read is an index computation.
-//! - An event is kept once, in its compact form ([`compact`]: ~50 bytes for a 27-byte key and
-//!   no metadata, where the `Event` struct and its key took ~170 and the slot array doubled
-//!   when the ring first filled), plus its SSE frame (~330 bytes) once a reader needed it.
+//!   (`--events-ring`) and bytes (`--events-ring-bytes`, [`EventHub::bytes`]: its blocks'
+//!   capacities and each frame encoded so far, with the blocks' frame tables). It keeps at
+//!   least the newest event. Event `seq` numbers are consecutive, so a client's position is one
+//!   number.
+//! - An event is kept once, in its compact form ([`compact`]: 36-38 bytes for a registration
+//!   with a 27-byte key and no metadata, where the `Event` struct and its key took ~170), back
+//!   to back with the others in blocks of bytes ([`ring`]: ~38 bytes an event with its offset,
+//!   where a box per event behind a slot took 88), plus its SSE frame (~330 bytes) once a
+//!   reader needed it.
 //! - Nothing waits on a client: the feeder pushes into the ring and moves on. A client that
 //!   falls behind the ring's oldest event is told (`reset`), dropped and counted.
 //! - Event ids are `<run>-<seq>`, where `run` is random per process: a client resuming with an
@@ -18,11 +20,11 @@
 //!   only on the run, the `seq` and the event).
 
 pub mod compact;
+mod ring;
 pub mod wake;
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use parking_lot::RwLock;
 use serde::Serialize;
@@ -31,15 +33,17 @@ use tokio::time::Instant;
 
 use crate::events::{Event, EventData, EventReceiver};
 use compact::CompactEvent;
+use ring::Ring;
 
 /// Default number of events the ring keeps.
 pub const DEFAULT_RING: u64 = 65_536;
 
-/// Default bytes the ring may hold: 2 MiB, ~23,000 fleet registrations nobody streams (~88 bytes
-/// each with its slot), or ~4,800 events with their frames once readers are connected. Chosen by
-/// measurement (`bench/memory_fleet.sh`, BENCHMARKS.md, "Engine III"): at 100k keys the whole
-/// process grew +19.2 MiB with 8 MiB, +16.0 with 2 MiB and +14.8 with 1 MiB, against Redis's
-/// +16.1 for the same keys; before the bound, the ring of `Event`s cost ~31 MB at 100k keys.
+/// Default bytes the ring may hold: 2 MiB, ~55,000 fleet registrations nobody streams (~38 bytes
+/// each in its block; ~23,000 at 88 bytes when each event was boxed), or ~5,400 events with
+/// their frames once readers are connected. Chosen by measurement (`bench/memory_fleet.sh`,
+/// BENCHMARKS.md, "Engine III"): at 100k keys the whole process grew +19.2 MiB with 8 MiB, +16.0
+/// with 2 MiB and +14.8 with 1 MiB, against Redis's +16.1 for the same keys; before the bound,
+/// the ring of `Event`s cost ~31 MB at 100k keys.
 pub const DEFAULT_RING_BYTES: u64 = 2 << 20;
 
 pub use wake::WAKE_INTERVAL;
@@ -57,29 +61,6 @@ pub enum Read {
     Gap,
 }
 
-/// An event in the ring, and its SSE frame once a reader has needed it.
-#[derive(Debug)]
-struct Slot {
-    /// The event in its compact form: what filters read and frames are made of.
-    event: CompactEvent,
-    /// `id:`, `event:` and `data:` lines and the blank line: the same bytes for every client,
-    /// so encoded once, by the first reader, and copied by the others.
-    frame: OnceLock<Box<[u8]>>,
-}
-
-/// What one slot costs in the slot array.
-const SLOT_BYTES: usize = std::mem::size_of::<Slot>();
-
-#[derive(Debug)]
-struct Ring {
-    /// The events, oldest first.
-    slots: VecDeque<Slot>,
-    /// `seq` of `slots[0]`.
-    first_seq: u64,
-    /// The heap bytes of the slots' compact events.
-    event_bytes: usize,
-}
-
 /// See the module documentation.
 #[derive(Debug)]
 pub struct EventHub {
@@ -89,9 +70,13 @@ pub struct EventHub {
     max_events: usize,
     /// Most bytes kept (`--events-ring-bytes`, see [`EventHub::bytes`]).
     max_bytes: usize,
+    /// The events. A frame (`id:`, `event:` and `data:` lines and the blank line) is the same
+    /// bytes for every client, so it is encoded once, by the first reader, and kept in the
+    /// ring for the others.
     ring: RwLock<Ring>,
-    /// The bytes of the frames encoded so far of the events in the ring: readers encode them
-    /// under the ring's read lock and add here; eviction, under its write lock, subtracts.
+    /// The bytes of the frames encoded so far of the events in the ring, with their blocks'
+    /// frame tables: readers encode them under the ring's read lock and add here; eviction,
+    /// under its write lock, subtracts.
     frame_bytes: AtomicUsize,
     /// The newest `seq` readers were told of (0 before any event); see [`WAKE_INTERVAL`].
     latest: watch::Sender<u64>,
@@ -119,11 +104,7 @@ impl EventHub {
             run: fastrand::u32(..),
             max_events: max_events.max(1),
             max_bytes,
-            ring: RwLock::new(Ring {
-                slots: VecDeque::new(),
-                first_seq: 1,
-                event_bytes: 0,
-            }),
+            ring: RwLock::new(Ring::new(max_bytes)),
             frame_bytes: AtomicUsize::new(0),
             latest: watch::channel(0).0,
             closing: watch::channel(false).0,
@@ -144,61 +125,20 @@ impl EventHub {
     fn append(&self, events: impl IntoIterator<Item = Event>) {
         let mut ring = self.ring.write();
         for event in events {
-            let event = CompactEvent::encode(&event);
-            let cost = event.heap_bytes();
-            // Room is made before the push, so the slot array never grows past what the bounds
-            // allow: growing a full array doubles it, which the bytes must be able to pay for.
-            while !ring.slots.is_empty() && !self.fits(&ring, cost) {
-                self.evict_oldest(&mut ring);
-            }
-            ring.event_bytes += cost;
-            ring.slots.push_back(Slot {
-                event,
-                frame: OnceLock::new(),
-            });
+            ring.append(&event, self.max_events, self.max_bytes, &self.frame_bytes);
         }
     }
 
-    /// Whether one more event of `cost` heap bytes fits in the bounds.
-    fn fits(&self, ring: &Ring, cost: usize) -> bool {
-        let len = ring.slots.len();
-        if len >= self.max_events {
-            return false;
-        }
-        let capacity = ring.slots.capacity();
-        // A full array grows to twice its capacity (what VecDeque does when pushed when full).
-        let array = if len == capacity {
-            (2 * capacity).max(4)
-        } else {
-            capacity
-        };
-        let heap = ring.event_bytes + self.frame_bytes.load(Ordering::Relaxed) + cost;
-        array * SLOT_BYTES + heap <= self.max_bytes
-    }
-
-    fn evict_oldest(&self, ring: &mut Ring) {
-        if let Some(slot) = ring.slots.pop_front() {
-            ring.first_seq += 1;
-            ring.event_bytes -= slot.event.heap_bytes();
-            if let Some(frame) = slot.frame.get() {
-                self.frame_bytes.fetch_sub(frame.len(), Ordering::Relaxed);
-            }
-        }
-    }
-
-    /// What the ring holds, in bytes: its slot array (capacity, not length), the events'
-    /// compact forms and the frames encoded so far. What `/metrics` reports as
+    /// What the ring holds, in bytes: its blocks (capacities, not lengths), the frames encoded
+    /// so far and their blocks' frame tables. What `/metrics` reports as
     /// `ttlwheel_sse_ring_bytes`.
     pub fn bytes(&self) -> usize {
-        let ring = self.ring.read();
-        ring.slots.capacity() * SLOT_BYTES
-            + ring.event_bytes
-            + self.frame_bytes.load(Ordering::Relaxed)
+        self.ring.read().bytes() + self.frame_bytes.load(Ordering::Relaxed)
     }
 
     /// Events in the ring.
     pub fn events(&self) -> usize {
-        self.ring.read().slots.len()
+        self.ring.read().len()
     }
 
     /// Tells the readers about every event appended so far.
@@ -216,23 +156,21 @@ impl EventHub {
     pub fn read_into(
         &self,
         cursor: u64,
-        matches: impl Fn(&CompactEvent) -> bool,
+        matches: impl Fn(&CompactEvent<'_>) -> bool,
         out: &mut Vec<u8>,
         max_bytes: usize,
     ) -> Read {
         let ring = self.ring.read();
-        if cursor + 1 < ring.first_seq {
+        if cursor + 1 < ring.first_seq() {
             return Read::Gap;
         }
-        let start = ((cursor + 1 - ring.first_seq) as usize).min(ring.slots.len());
-        let mut through = cursor.max(ring.first_seq - 1);
-        for slot in ring.slots.range(start..).take(SCAN_LIMIT) {
-            through += 1;
-            if matches(&slot.event) {
-                let frame = slot.frame.get_or_init(|| {
-                    let frame = self.frame(through, &slot.event).into_boxed_slice();
-                    self.frame_bytes.fetch_add(frame.len(), Ordering::Relaxed);
-                    frame
+        let mut through = cursor.max(ring.first_seq() - 1);
+        for (seq, block, index) in ring.from(through + 1).take(SCAN_LIMIT) {
+            through = seq;
+            let event = block.event(index);
+            if matches(&event) {
+                let frame = block.frame(index, &self.frame_bytes, || {
+                    self.frame(seq, &event).into_boxed_slice()
                 });
                 out.extend_from_slice(frame);
                 if out.len() >= max_bytes {
@@ -240,15 +178,14 @@ impl EventHub {
                 }
             }
         }
-        let newest = ring.first_seq + ring.slots.len() as u64 - 1;
         Read::Frames {
             through,
-            at_end: through >= newest,
+            at_end: through >= ring.newest(),
         }
     }
 
     /// The SSE frame of event `seq`.
-    fn frame(&self, seq: u64, event: &CompactEvent) -> Vec<u8> {
+    fn frame(&self, seq: u64, event: &CompactEvent<'_>) -> Vec<u8> {
         let name = event.kind().stream_name();
         let data = StreamData {
             r#type: name,
@@ -261,8 +198,7 @@ impl EventHub {
     /// The `seq` of the newest event in the ring (0 before any event), which readers may not
     /// have been told of yet.
     pub fn newest(&self) -> u64 {
-        let ring = self.ring.read();
-        ring.first_seq + ring.slots.len() as u64 - 1
+        self.ring.read().newest()
     }
 
     /// The newest `seq` readers were told of (tests; clients start after [`EventHub::newest`]).
@@ -304,7 +240,7 @@ impl EventHub {
 
     /// Records a client dropped for falling behind at `cursor`.
     pub fn dropped(&self, cursor: u64) {
-        let first_seq = self.ring.read().first_seq;
+        let first_seq = self.ring.read().first_seq();
         self.dropped_clients.fetch_add(1, Ordering::Relaxed);
         self.dropped_events
             .fetch_add(first_seq.saturating_sub(cursor + 1), Ordering::Relaxed);
@@ -413,6 +349,7 @@ mod tests {
             occurred_at_ms: n,
             lateness_ms: 0,
             restored: false,
+            log_id: None,
         }
     }
 
@@ -505,13 +442,15 @@ mod tests {
     }
 
     #[test]
-    fn a_full_ring_reuses_its_slots_rather_than_doubling_them() {
+    fn a_ring_bounded_by_count_frees_the_blocks_behind_its_oldest_event() {
         let hub = EventHub::new(64, usize::MAX);
-        hub.push((1..=1000).map(event));
+        hub.push((1..=100_000).map(event));
         assert_eq!(hub.events(), 64);
-        assert_eq!(hub.ring.read().slots.capacity(), 64, "not doubled to 128");
-        let heap = hub.ring.read().event_bytes;
-        assert_eq!(hub.bytes(), 64 * SLOT_BYTES + heap);
+        assert_eq!(hub.newest(), 100_000);
+        // At most the two 64 KiB blocks (and their offsets) the 64 newest events may span.
+        assert!(hub.bytes() <= 2 * (80 << 10), "{} bytes", hub.bytes());
+        assert_eq!(read(&hub, 100_000 - 64, usize::MAX).0.len(), 64);
+        assert_eq!(read(&hub, 100_000 - 65, usize::MAX).1, Read::Gap);
     }
 
     fn frames_of(hub: &EventHub, cursor: u64) -> Vec<(u64, String)> {

@@ -1,6 +1,7 @@
 //! Cluster scenarios against real members (issue 28, section 5), each stating what must not be
-//! lost. This step covers election, writes through the log from any member, a leader's
-//! `kill -9` and its rejoining, and an isolated leader; expiry and the lease rules come next.
+//! lost: election, writes through the log from any member, a leader's `kill -9` and its
+//! rejoining, and an isolated leader (fenced: it renews and expires nothing). The failover
+//! rules under load are in `failover.rs`.
 
 use reqwest::{Method, StatusCode};
 use serde_json::json;
@@ -125,6 +126,13 @@ async fn an_isolated_leader_acknowledges_no_write_and_the_majority_carries_on() 
     let cluster = Cluster::start("isolate", 3, &[]).await;
     let old = cluster.leader().await;
     register(&cluster, old, &keys("first", 5)).await;
+    // A key whose client stops: only a leader with a quorum may expire it.
+    let short = json!({ "key": "short", "ttl_s": 2 });
+    let (status, body, _) = cluster
+        .call(old, Method::POST, "/v1/heartbeats", Some(short))
+        .await
+        .expect("an answer");
+    assert_eq!(status, StatusCode::OK, "{body}");
     cluster.isolate(old);
     let majority: Vec<u64> = cluster
         .running()
@@ -143,7 +151,32 @@ async fn an_isolated_leader_acknowledges_no_write_and_the_majority_carries_on() 
         ["no_quorum", "no_leader"].contains(&body["error"]["code"].as_str().unwrap_or("")),
         "{body}"
     );
+    // Nor a renewal, which a leader applies in memory: past its lease it must not acknowledge.
+    let (status, body, _) = cluster
+        .call(
+            old,
+            Method::POST,
+            "/v1/heartbeats",
+            Some(heartbeat("first-000")),
+        )
+        .await
+        .expect("an answer");
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     register(&cluster, majority[0], &keys("second", 5)).await;
+    // The majority expires the stopped key; the isolated member, which cannot commit, keeps it.
+    let mut majority_keys = keys("first", 5);
+    majority_keys.extend(keys("second", 5));
+    for &id in &majority {
+        cluster.wait_for_keys(id, &majority_keys).await;
+    }
+    let mut isolated_keys = keys("first", 5);
+    isolated_keys.push("short".into());
+    isolated_keys.sort();
+    assert_eq!(
+        cluster.stale_keys(old).await,
+        Some(isolated_keys),
+        "the isolated member changes nothing by itself"
+    );
     cluster.heal();
     let mut all = keys("first", 5);
     all.extend(keys("second", 5));

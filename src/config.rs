@@ -357,17 +357,27 @@ pub struct Config {
 
     /// How often the leader writes a deadline checkpoint (the keys renewed since the last one,
     /// with their time left) into the log: what a new leader counts from after a failover.
-    /// At most half of the election timeout's minimum (500ms).
-    #[arg(long, env = "TTLWHEEL_CHECKPOINT_INTERVAL", default_value = "250ms",
+    /// At most half of the election timeout's minimum (200ms).
+    #[arg(long, env = "TTLWHEEL_CHECKPOINT_INTERVAL", default_value = "200ms",
           value_parser = parse_positive_duration, requires = "node_id", help_heading = "Cluster")]
     pub checkpoint_interval: Duration,
 
     /// After a failover, the least time a new leader gives a key that fell due during the
     /// election (capped by the key's TTL), for its client to reach the new leader. Bounds how
-    /// much longer a dead client's key can live. At least the election timeout's maximum (2s).
+    /// much longer a dead client's key can live. At least the election timeout's maximum (800ms).
     #[arg(long, env = "TTLWHEEL_FAILOVER_GRACE", default_value = "5s",
           value_parser = parse_positive_duration, requires = "node_id", help_heading = "Cluster")]
     pub failover_grace: Duration,
+
+    /// The least time a follower waits, after it last heard from the leader, before it may
+    /// call an election (openraft's `election_timeout_min`; the maximum is twice it). In
+    /// openraft 0.9 a follower that has known a leader calls an election the maximum plus a
+    /// random time in [min, max] after its last contact: 1.2-1.6 s by default. Lower fails over
+    /// faster but risks needless elections on a loaded machine. At least 300ms (twice the
+    /// 150 ms heartbeat, which is also the replication timeout); the same on every member.
+    #[arg(long, env = "TTLWHEEL_ELECTION_TIMEOUT", default_value = "400ms",
+          value_parser = parse_positive_duration, requires = "node_id", help_heading = "Cluster")]
+    pub election_timeout: Duration,
 
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -437,10 +447,14 @@ impl Config {
                     .into(),
             );
         };
-        let lease =
-            crate::cluster::node::lease_config(self.checkpoint_interval, self.failover_grace)
-                .validate()
-                .map_err(|error| error.to_string())?;
+        let election_timeout = crate::cluster::node::election_timeout(self.election_timeout)?;
+        let lease = crate::cluster::node::lease_config(
+            self.checkpoint_interval,
+            self.failover_grace,
+            election_timeout,
+        )
+        .validate()
+        .map_err(|error| error.to_string())?;
         let initial = self.initial_cluster.clone().unwrap_or_default();
         if !initial.is_empty() && !initial.contains_key(&node_id) {
             return Err(format!(
@@ -459,6 +473,7 @@ impl Config {
             peer_routes: self.peer_route.iter().cloned().collect(),
             dir: data_dir.join("raft"),
             lease,
+            election_timeout,
         }))
     }
 
@@ -712,6 +727,9 @@ mod tests {
         assert_eq!(settings.peer_routes[&3], "127.0.0.1:9003");
         assert_eq!(settings.advertise_api, "http://127.0.0.1:7878");
         assert!(settings.dir.ends_with("raft"));
+        let ms = Duration::from_millis;
+        assert_eq!(settings.election_timeout, (ms(400), ms(800)));
+        assert_eq!(settings.lease.checkpoint_interval(), ms(200));
         assert!(Config::try_parse_from(["ttlwheel"])
             .unwrap()
             .cluster()
@@ -751,6 +769,34 @@ mod tests {
                 "initial-cluster",
             );
         }
+        let listen = ["--cluster-listen", "127.0.0.1:7002"];
+        refused(
+            &[&listen[..], &["--election-timeout", "200ms"]].concat(),
+            "--election-timeout",
+        );
+        // A longer election timeout allows a longer checkpoint interval; a shorter one needs a
+        // shorter interval, and says so.
+        let slow = member(&[&listen[..], &["--election-timeout", "1s"]].concat());
+        let slow = slow.unwrap().expect("cluster mode");
+        assert_eq!(slow.election_timeout.1, Duration::from_secs(2));
+        refused(
+            &[&listen[..], &["--election-timeout", "300ms"]].concat(),
+            "--checkpoint-interval",
+        );
+        assert!(member(
+            &[
+                &listen[..],
+                &[
+                    "--election-timeout",
+                    "300ms",
+                    "--checkpoint-interval",
+                    "150ms"
+                ]
+            ]
+            .concat()
+        )
+        .unwrap()
+        .is_some());
         let with_secret = member(&[
             "--cluster-listen",
             "0.0.0.0:7002",

@@ -235,12 +235,16 @@ impl Service {
         };
         let edge_limits = edge_limits(config);
         let edge_stats = Arc::new(edge::EdgeStats::default());
-        let metrics = Arc::new(Metrics::new(metrics::Live {
+        let mut metrics = Metrics::new(metrics::Live {
             registry: Arc::clone(&registry),
             notifier: Arc::clone(&notifier),
             hub: Arc::clone(&hub),
             edge: Arc::clone(&edge_stats),
-        }));
+        });
+        if let Some(member) = &cluster {
+            metrics.add_collector(Box::new(member.metrics_collector()));
+        }
+        let metrics = Arc::new(metrics);
         let observer = tokio::spawn(stream::feed(registry.subscribe(), Arc::clone(&hub), {
             let metrics = Arc::clone(&metrics);
             move |event| metrics.observe(event)

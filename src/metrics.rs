@@ -137,6 +137,12 @@ impl Metrics {
         }
     }
 
+    /// Adds values read at each scrape from another owner (a cluster member's Raft), so that
+    /// this module need not know it.
+    pub fn add_collector(&mut self, collector: Box<dyn Collector>) {
+        self.registry.register_collector(collector);
+    }
+
     /// Counts an event from the registry's bus.
     pub fn observe(&self, event: &Event) {
         match event.kind {

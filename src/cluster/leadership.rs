@@ -15,6 +15,7 @@
 //!   as `Expiries` entries of at most [`MAX_ITEMS`] keys, one at a time; a key leaves when its
 //!   entry is applied. A proposal that fails leaves the keys listed for the next round.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,6 +25,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::lease::{Action, Lease, LeaseRules, MetricsView, RaftRole};
+use super::metrics::ClusterStats;
 use super::network::Contacts;
 use super::node::PROPOSE_TIMEOUT;
 use super::signals::LeaseSignals;
@@ -52,6 +54,8 @@ pub struct Parts {
     /// When this member last accepted an AppendEntries from a leader.
     pub leader_contact: Arc<Mutex<Option<Instant>>>,
     pub rules: LeaseRules,
+    /// What the tasks count for `/metrics`.
+    pub stats: Arc<ClusterStats>,
 }
 
 /// Starts the lease task and the sweeper.
@@ -140,19 +144,32 @@ async fn carry_out(parts: &Parts, action: Action) {
             let (registry, rules) = (Arc::clone(&parts.registry), parts.rules);
             let started = std::time::Instant::now();
             let promoted = tokio::task::spawn_blocking(move || {
+                // The keys whose checkpointed time left was below min(TTL, grace).
+                let graced = std::cell::Cell::new(0_u64);
                 registry.promote(last_leader_contact, &|remaining_ms, ttl_ms| {
                     let (remaining, ttl) = (
                         Duration::from_millis(remaining_ms),
                         Duration::from_millis(ttl_ms),
                     );
+                    if ttl.min(rules.failover_grace()) > remaining {
+                        graced.set(graced.get() + 1);
+                    }
                     rules.failover_deadline(at, remaining, ttl)
                 });
+                graced.get()
             })
             .await;
-            if let Err(error) = promoted {
-                tracing::error!(%error, "the promotion pass failed");
-            }
+            let graced = match promoted {
+                Ok(graced) => graced,
+                Err(error) => {
+                    tracing::error!(%error, "the promotion pass failed");
+                    0
+                }
+            };
+            parts.stats.promotions.fetch_add(1, Ordering::Relaxed);
+            parts.stats.grace_keys.fetch_add(graced, Ordering::Relaxed);
             tracing::info!(
+                keys_given_grace = graced,
                 node_id = parts.id,
                 since_last_contact_ms = at
                     .saturating_duration_since(last_leader_contact)
@@ -172,16 +189,23 @@ async fn carry_out(parts: &Parts, action: Action) {
                 return;
             }
             // Off the lease task: a slow commit must not delay the fence's updates.
-            let raft = parts.raft.clone();
+            let (raft, stats) = (parts.raft.clone(), Arc::clone(&parts.stats));
             tokio::spawn(async move {
                 for chunk in items.chunks(MAX_ITEMS) {
                     let command = Command::Checkpoint(chunk.to_vec());
+                    let proposed = Instant::now();
                     let written =
                         tokio::time::timeout(PROPOSE_TIMEOUT, raft.client_write(command)).await;
                     if !matches!(written, Ok(Ok(_))) {
+                        stats.checkpoints_failed.fetch_add(1, Ordering::Relaxed);
                         tracing::debug!("a checkpoint was not committed");
                         return;
                     }
+                    stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+                    stats.checkpoint_keys.observe(chunk.len() as f64);
+                    stats
+                        .checkpoint_seconds
+                        .observe(proposed.elapsed().as_secs_f64());
                 }
             });
         }

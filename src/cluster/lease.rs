@@ -83,8 +83,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// The default `--checkpoint-interval`: the "<= 250 ms".
-pub const DEFAULT_CHECKPOINT_INTERVAL: Duration = Duration::from_millis(250);
+/// The default `--checkpoint-interval`: the "<= 250 ms", and at most half the
+/// default `--election-timeout` (400 ms), which
+/// [`LeaseConfig::validate`] requires.
+pub const DEFAULT_CHECKPOINT_INTERVAL: Duration = Duration::from_millis(200);
 
 /// The default `--failover-grace`: a second above a loaded machine's failover (which the SIGSTOP
 /// and kill tests measure), design section 6.
@@ -94,8 +96,8 @@ pub const DEFAULT_FAILOVER_GRACE: Duration = Duration::from_secs(5);
 /// "far future" (about 30 years). Only a duration that is no key's remaining time gets it.
 const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
 
-/// The fence for an `election_timeout_min`: 4/5 of it (design section 6; 800 ms for etcd's
-/// 1 s). The rest of the election timeout, and all of `election_timeout_max - fence`, is the
+/// The fence for an `election_timeout_min`: 4/5 of it (design section 6; 320 ms for our
+/// 400 ms). The rest of the election timeout, and all of `election_timeout_max - fence`, is the
 /// margin for clock-rate drift and a late turn of our own tasks.
 pub fn default_fence(election_timeout_min: Duration) -> Duration {
     election_timeout_min * 4 / 5
@@ -634,14 +636,10 @@ mod tests {
         Duration::from_millis(n)
     }
 
-    /// The design's values: 250 ms checkpoints, 5 s grace, elections between 1 s and 2 s.
+    /// The design's first values, which the scenarios below are written in: 250 ms
+    /// checkpoints, 5 s grace, elections between 1 s and 2 s.
     fn config() -> LeaseConfig {
-        LeaseConfig::new(
-            DEFAULT_CHECKPOINT_INTERVAL,
-            DEFAULT_FAILOVER_GRACE,
-            ms(1000),
-            ms(2000),
-        )
+        LeaseConfig::new(ms(250), DEFAULT_FAILOVER_GRACE, ms(1000), ms(2000))
     }
 
     /// Validates `config` and compares the outcome, and an error's message, with `expected`.
@@ -659,11 +657,23 @@ mod tests {
     }
 
     #[test]
-    fn the_design_defaults_are_accepted_with_a_fence_of_four_fifths() {
+    fn the_design_values_are_accepted_with_a_fence_of_four_fifths() {
         let rules = config().validate().unwrap();
         assert_eq!(rules.checkpoint_interval(), ms(250));
         assert_eq!(rules.failover_grace(), ms(5000));
         assert_eq!(rules.fence(), ms(800));
+    }
+
+    #[test]
+    fn a_members_defaults_are_accepted() {
+        let member = crate::cluster::node::lease_config(
+            DEFAULT_CHECKPOINT_INTERVAL,
+            DEFAULT_FAILOVER_GRACE,
+            crate::cluster::node::election_timeout(ms(400)).unwrap(),
+        );
+        let rules = member.validate().unwrap();
+        assert_eq!(rules.checkpoint_interval(), ms(200));
+        assert_eq!(rules.fence(), ms(320));
     }
 
     #[test]

@@ -21,6 +21,8 @@
 //!   and what Raft reports, it says what to do.
 //! - [`leadership`]: the lease task that feeds [`lease`] and carries out its actions, and the
 //!   leader's sweeper that proposes expiries; [`signals`]: what they share with the API.
+//! - [`metrics`]: the member's Prometheus metrics (Raft's state read at each scrape, and
+//!   [`metrics::ClusterStats`], what the tasks count).
 //! - [`snapshot`]: the snapshot file (the single-node snapshot's frames behind a header that
 //!   says which log id and membership it covers), its builder, reading it back.
 //!
@@ -32,6 +34,7 @@ pub mod forward;
 pub mod leadership;
 pub mod lease;
 pub mod log_store;
+pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod peer_server;

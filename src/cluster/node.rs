@@ -35,6 +35,7 @@ use super::auth::PeerAuth;
 use super::leadership::{self, Parts};
 use super::lease::{LeaseConfig, LeaseRules};
 use super::log_store::LogStore;
+use super::metrics::{ClusterCollector, ClusterStats};
 use super::network::{route, Contacts, PeerNetwork, Peers};
 use super::peer_server::{self, PeerState};
 use super::signals::LeaseSignals;
@@ -45,24 +46,44 @@ use crate::registry::Registry;
 
 /// How long a proposal may wait for its entry to be applied before the caller gives up.
 pub const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
-/// A member heard from its quorum (leader) or its leader (follower) within this is "in a
-/// quorum" for `/readyz`: openraft's `election_timeout_min`, past which a follower would call
-/// an election.
-const IN_QUORUM_WITHIN: Duration = Duration::from_millis(1_000);
 /// How often the leader looks for members whose API address it lacks.
 const API_ADDRESSES_EVERY: Duration = Duration::from_secs(1);
-/// openraft's `election_timeout_min` and `_max` (design section 8): etcd's 1 s, and 0.9's
-/// leader lease.
-const ELECTION_TIMEOUT: (u64, u64) = (1_000, 2_000);
+/// openraft's heartbeat interval, ms: also its AppendEntries timeout (openraft
+/// replication/mod.rs), so payloads are capped to ship well within it.
+const HEARTBEAT_INTERVAL: u64 = 150;
+
+/// openraft's `election_timeout_min` and `_max` for `--election-timeout` (the minimum; the
+/// maximum is twice it), or why it cannot be. In 0.9 a follower that has known a leader calls
+/// an election only `_max` (the leader lease, during which it also refuses votes) plus its own
+/// timeout, drawn once from `[_min, _max]`, after it last heard from the leader: 1.2-1.6 s with
+/// the default 400 ms. The design's first values, etcd's 1 s and 2 s, made that 3-4 s
+/// (measured 3.1-4.0 s from a kill -9 to a new leader), against the issue's 2 s from a kill
+/// to the first acknowledged write (BENCHMARKS.md, "Cluster failover"). At least twice the
+/// heartbeat: a minimum closer to it would call elections whenever one round of heartbeats is
+/// late on a loaded machine.
+pub fn election_timeout(min: Duration) -> Result<(Duration, Duration), String> {
+    let floor = Duration::from_millis(2 * HEARTBEAT_INTERVAL);
+    if min < floor {
+        return Err(format!(
+            "--election-timeout {min:?} is below {floor:?}: twice the {HEARTBEAT_INTERVAL} ms \
+             heartbeat, which is also the replication timeout"
+        ));
+    }
+    Ok((min, 2 * min))
+}
 
 /// The lease settings of `--checkpoint-interval` and `--failover-grace` with this member's
-/// election timeouts, to be validated at start-up.
-pub fn lease_config(checkpoint_interval: Duration, failover_grace: Duration) -> LeaseConfig {
+/// election timeouts (`election_timeout`), to be validated at start-up.
+pub fn lease_config(
+    checkpoint_interval: Duration,
+    failover_grace: Duration,
+    (election_min, election_max): (Duration, Duration),
+) -> LeaseConfig {
     LeaseConfig::new(
         checkpoint_interval,
         failover_grace,
-        Duration::from_millis(ELECTION_TIMEOUT.0),
-        Duration::from_millis(ELECTION_TIMEOUT.1),
+        election_min,
+        election_max,
     )
 }
 
@@ -85,6 +106,8 @@ pub struct ClusterSettings {
     pub dir: PathBuf,
     /// `--checkpoint-interval`, `--failover-grace` and the fence, validated.
     pub lease: LeaseRules,
+    /// openraft's election timeout, minimum and maximum (`--election-timeout`).
+    pub election_timeout: (Duration, Duration),
 }
 
 /// A member that cannot start.
@@ -188,18 +211,24 @@ pub struct Cluster {
     api: Arc<OnceLock<Router>>,
     /// Whether this member may serve now (the lease task keeps it).
     signals: Arc<LeaseSignals>,
+    /// What the member counts for `/metrics`.
+    stats: Arc<ClusterStats>,
+    /// A member heard from its quorum (leader) or its leader (follower) within this is "in a
+    /// quorum" for `/readyz`: openraft's `election_timeout_max`, its leader lease, within
+    /// which no follower calls an election.
+    in_quorum_within: Duration,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 /// openraft's settings (docs/cluster-design.md, section 8).
-fn raft_config() -> Result<Arc<openraft::Config>, ClusterError> {
+fn raft_config(
+    (election_min, election_max): (Duration, Duration),
+) -> Result<Arc<openraft::Config>, ClusterError> {
     let config = openraft::Config {
         cluster_name: "ttlwheel".into(),
-        // Also the AppendEntries timeout (openraft replication/mod.rs): payloads are capped so
-        // that one ships well within it.
-        heartbeat_interval: 150,
-        election_timeout_min: ELECTION_TIMEOUT.0,
-        election_timeout_max: ELECTION_TIMEOUT.1,
+        heartbeat_interval: HEARTBEAT_INTERVAL,
+        election_timeout_min: election_min.as_millis() as u64,
+        election_timeout_max: election_max.as_millis() as u64,
         max_payload_entries: 64,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(1_000_000),
         ..Default::default()
@@ -254,7 +283,7 @@ impl Cluster {
         };
         let raft = Raft::new(
             settings.node_id,
-            raft_config()?,
+            raft_config(settings.election_timeout)?,
             network,
             log.clone(),
             machine,
@@ -277,6 +306,7 @@ impl Cluster {
             }
         });
         tracing::info!(node_id = settings.node_id, peer_listen = %bound, "cluster member started");
+        let stats = Arc::new(ClusterStats::default());
         let mut tasks = leadership::spawn(Parts {
             id: settings.node_id,
             raft: raft.clone(),
@@ -285,8 +315,13 @@ impl Cluster {
             contacts: Arc::clone(&contacts),
             leader_contact: Arc::clone(&leader_contact),
             rules: settings.lease,
+            stats: Arc::clone(&stats),
         });
         tasks.push(server);
+        tasks.push(tokio::spawn(super::metrics::count_leader_changes(
+            raft.clone(),
+            Arc::clone(&stats),
+        )));
         let cluster = Self {
             id: settings.node_id,
             raft,
@@ -296,6 +331,8 @@ impl Cluster {
             leader_contact,
             api,
             signals,
+            stats,
+            in_quorum_within: settings.election_timeout.1,
             tasks,
         };
         cluster.bootstrap(&settings).await?;
@@ -474,16 +511,27 @@ impl Cluster {
         }
     }
 
+    /// This member's metrics, for the service's `/metrics`.
+    pub fn metrics_collector(&self) -> ClusterCollector {
+        ClusterCollector {
+            id: self.id,
+            raft: self.raft.clone(),
+            log: self.log.clone(),
+            stats: Arc::clone(&self.stats),
+        }
+    }
+
     /// Whether this member should take traffic (`GET /readyz`); the reason when not.
     pub fn readiness(&self) -> Result<(), String> {
         let metrics = self.raft.metrics().borrow().clone();
         let applied = metrics.last_applied.map_or(0, |log_id| log_id.index);
         let committed = self.log.committed().map_or(0, |log_id| log_id.index);
-        let recent = |at: Option<Instant>| at.is_some_and(|at| at.elapsed() < IN_QUORUM_WITHIN);
+        let recent =
+            |at: Option<Instant>| at.is_some_and(|at| at.elapsed() < self.in_quorum_within);
         match metrics.current_leader {
             None => Err("no leader is known".into()),
             Some(leader) if leader == self.id => match metrics.millis_since_quorum_ack {
-                Some(ms) if u128::from(ms) < IN_QUORUM_WITHIN.as_millis() => {
+                Some(ms) if u128::from(ms) < self.in_quorum_within.as_millis() => {
                     if applied >= committed {
                         Ok(())
                     } else {

@@ -1,7 +1,8 @@
 //! The dashboard in a real browser: `tests/browser/dashboard.mjs` drives Debian's headless
 //! Chromium (through playwright-core) against a real server. It registers keys, sees them
 //! appear, picks a service, watches a countdown, lets a key expire, checks the expired list and
-//! the feed, and saves screenshots in light and dark themes.
+//! the feed, and saves screenshots in light and dark themes. A cluster member's page also shows
+//! the members and the leader (`cluster.mjs`).
 //!
 //! It needs `/usr/bin/chromium` (or `$CHROMIUM`), node and `npm ci --prefix tests/browser`, so it
 //! is ignored by a plain `cargo test`; `.ci/run` installs them and runs it. Run by hand without
@@ -68,6 +69,23 @@ async fn the_dashboard_signs_in_with_a_token_and_streams_through_its_session() {
     run_scenario("dashboard-auth.mjs", args, "ok: dashboard with auth works").await;
     server.shutdown().await.expect("clean shutdown");
     let _ = std::fs::remove_file(file);
+}
+
+/// A cluster member's page names every member and marks the leader
+/// (`tests/browser/cluster.mjs`), opened on a follower.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium, node and playwright-core: .ci/run installs them"]
+async fn a_members_dashboard_shows_the_members_and_the_leader() {
+    tools::require(&[Tool::Chromium, Tool::Node, Tool::BrowserPackages]);
+    let cluster = crate::cluster::harness::Cluster::start("browser", 3, &[]).await;
+    let leader = cluster.leader().await;
+    let follower = cluster
+        .running()
+        .into_iter()
+        .find(|&id| id != leader)
+        .expect("a follower");
+    let args = vec![cluster.base(follower), leader.to_string(), "3".to_owned()];
+    run_scenario("cluster.mjs", args, "ok: the cluster's dashboard works").await;
 }
 
 /// Runs `tests/browser/<script>` with `args` in node, against Chromium; fails with its output

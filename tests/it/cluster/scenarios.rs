@@ -30,6 +30,41 @@ fn keys(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}-{i:03}")).collect()
 }
 
+/// Member `id`'s `/metrics` text.
+async fn metrics_text(cluster: &Cluster, id: u64) -> String {
+    reqwest::get(format!("{}/metrics", cluster.base(id)))
+        .await
+        .expect("a /metrics answer")
+        .text()
+        .await
+        .expect("its text")
+}
+
+/// The value of an unlabelled sample `name` in an OpenMetrics `text`.
+fn metric_value(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+/// Polls member `id`'s metric `name` (for up to 10 s) until `holds`; returns its last value.
+async fn leader_metric_eventually(
+    cluster: &Cluster,
+    id: u64,
+    name: &str,
+    holds: impl Fn(f64) -> bool,
+) -> f64 {
+    let mut value = f64::NAN;
+    for _ in 0..100 {
+        value = metric_value(&metrics_text(cluster, id).await, name).unwrap_or(f64::NAN);
+        if holds(value) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    value
+}
+
 /// Must not be lost: a write acknowledged through a follower, on every member.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_members_elect_one_leader_and_a_write_through_a_follower_reaches_every_member() {
@@ -72,6 +107,44 @@ async fn three_members_elect_one_leader_and_a_write_through_a_follower_reaches_e
     assert_eq!(
         (status, body["created"].clone()),
         (StatusCode::OK, json!(false))
+    );
+    // The renewal stayed in the leader's memory; its checkpoint commits and is counted.
+    let metric = leader_metric_eventually(
+        &cluster,
+        leader,
+        "ttlwheel_cluster_checkpoints_total",
+        |v| v >= 1.0,
+    )
+    .await;
+    assert!(metric >= 1.0);
+    let text = metrics_text(&cluster, leader).await;
+    assert_eq!(
+        metric_value(&text, "ttlwheel_cluster_role"),
+        Some(3.0),
+        "{text}"
+    );
+    assert!(metric_value(&text, "ttlwheel_cluster_term").is_some_and(|term| term >= 1.0));
+    assert_eq!(
+        metric_value(&text, "ttlwheel_cluster_leader_id"),
+        Some(leader as f64)
+    );
+    assert!(
+        metric_value(&text, "ttlwheel_cluster_leader_changes_total").is_some_and(|n| n >= 1.0),
+        "{text}"
+    );
+    assert!(
+        text.contains("ttlwheel_cluster_replication_lag_entries{member="),
+        "{text}"
+    );
+    let text = metrics_text(&cluster, follower).await;
+    assert_eq!(
+        metric_value(&text, "ttlwheel_cluster_role"),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(
+        !text.contains("ttlwheel_cluster_replication_lag_entries{"),
+        "{text}"
     );
     let (status, body, _) = cluster
         .call(other, Method::GET, "/v1/keys/a", None)

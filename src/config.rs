@@ -349,6 +349,37 @@ pub struct Config {
     )]
     pub cluster_secret: Option<String>,
 
+    /// Join an existing cluster through any member's API URL: this member asks to be added
+    /// as a learner, catches up (a snapshot, then the log), and asks to become a voter once
+    /// caught up (unless --learner). Read on every start; a member already in the cluster is
+    /// not added twice. With tokens on, TTLWHEEL_TOKEN (an admin token) is sent.
+    #[arg(
+        long,
+        env = "TTLWHEEL_JOIN",
+        requires = "node_id",
+        conflicts_with = "initial_cluster",
+        help_heading = "Cluster"
+    )]
+    pub join: Option<String>,
+
+    /// With --join: stay a learner (receives the log, serves stale reads, never votes).
+    #[arg(
+        long,
+        env = "TTLWHEEL_LEARNER",
+        requires = "join",
+        help_heading = "Cluster"
+    )]
+    pub learner: bool,
+
+    /// The admin token --join sends (prefer the environment variable: flags show in `ps`).
+    #[arg(
+        long,
+        env = "TTLWHEEL_TOKEN",
+        hide_env_values = true,
+        help_heading = "Cluster"
+    )]
+    pub join_token: Option<String>,
+
     /// Reach peer ID at HOST:PORT instead of the peer address in the membership (a sidecar, a
     /// NAT, a test's fault proxy): `ID=HOST:PORT`, repeatable or comma-separated.
     #[arg(long, env = "TTLWHEEL_PEER_ROUTES", value_delimiter = ',', requires = "node_id",
@@ -455,6 +486,20 @@ impl Config {
         )
         .validate()
         .map_err(|error| error.to_string())?;
+        if let Some(via) = &self.join {
+            if listen.ip().is_unspecified() {
+                return Err(format!(
+                    "--join advertises --cluster-listen {listen} as this member's peer address: \
+                     give the address peers can dial, not {}",
+                    listen.ip()
+                ));
+            }
+            if !(via.starts_with("http://") || via.starts_with("https://")) {
+                return Err(format!(
+                    "--join {via:?} is not a member's API URL (http://HOST:PORT)"
+                ));
+            }
+        }
         let initial = self.initial_cluster.clone().unwrap_or_default();
         if !initial.is_empty() && !initial.contains_key(&node_id) {
             return Err(format!(
@@ -474,6 +519,9 @@ impl Config {
             dir: data_dir.join("raft"),
             lease,
             election_timeout,
+            join: self.join.clone(),
+            learner: self.learner,
+            join_token: self.join_token.clone(),
         }))
     }
 

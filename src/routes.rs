@@ -82,6 +82,18 @@ pub const CLUSTER: Route = Route {
     path: "/v1/cluster",
     methods: &["GET"],
 };
+pub const CLUSTER_MEMBERS: Route = Route {
+    path: "/v1/cluster/members",
+    methods: &["POST"],
+};
+pub const CLUSTER_MEMBER: Route = Route {
+    path: "/v1/cluster/members/{id}",
+    methods: &["DELETE"],
+};
+pub const CLUSTER_MEMBER_PROMOTE: Route = Route {
+    path: "/v1/cluster/members/{id}/promote",
+    methods: &["POST"],
+};
 pub const OPENAPI: Route = Route {
     path: "/openapi.yaml",
     methods: &["GET"],
@@ -114,6 +126,9 @@ pub const ALL: &[Route] = &[
     HEALTHZ,
     READYZ,
     CLUSTER,
+    CLUSTER_MEMBERS,
+    CLUSTER_MEMBER,
+    CLUSTER_MEMBER_PROMOTE,
     OPENAPI,
     METRICS,
     DASHBOARD,

@@ -33,10 +33,13 @@
 //!    - from our network: the send instant of the newest request a quorum acknowledged in the
 //!      current term (stamped before sending, so it only errs early); monotonic within a term.
 //!
-//!    `fence = 0.8 x election_timeout_min` by default ([`default_fence`]): a follower that
-//!    acknowledged a request sent at `t` refuses votes until `t + election_timeout_max`, so no
-//!    other leader exists before then; stopping at `t + fence` leaves the rest for clock-rate
-//!    drift and scheduling.
+//!    `fence = 0.8 x election_timeout_max` by default ([`default_fence`]): a follower that
+//!    acknowledged a request sent at `t` refuses votes until `t + election_timeout_max` (0.9's
+//!    leader lease), so no other leader exists before then; stopping at `t + fence` leaves the
+//!    rest for clock-rate drift and scheduling. (The design first took 0.8 x the minimum; the
+//!    bound that matters is the lease, the maximum, and a fence of 320 ms with 400/800 ms
+//!    elections fenced a leader on a loaded machine whenever two rounds of 150 ms heartbeats
+//!    were late.)
 //! 4. **Demotion**: leaving leadership (another role, or a newer term) pauses expiry and answers
 //!    [`Action::Demote`] (stop the sweeper and the checkpoints, clear the dirty set, forward from
 //!    now on); every leader state (acks, promotion, the checkpoint schedule) goes with it. A new
@@ -96,11 +99,12 @@ pub const DEFAULT_FAILOVER_GRACE: Duration = Duration::from_secs(5);
 /// "far future" (about 30 years). Only a duration that is no key's remaining time gets it.
 const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
 
-/// The fence for an `election_timeout_min`: 4/5 of it (design section 6; 320 ms for our
-/// 400 ms). The rest of the election timeout, and all of `election_timeout_max - fence`, is the
-/// margin for clock-rate drift and a late turn of our own tasks.
-pub fn default_fence(election_timeout_min: Duration) -> Duration {
-    election_timeout_min * 4 / 5
+/// The fence for an `election_timeout_max`, 0.9's leader lease: 4/5 of it (640 ms for our
+/// default 800 ms). `election_timeout_max - fence` is the margin for clock-rate drift and a
+/// late turn of our own tasks; a follower calls an election only `election_timeout_max` plus
+/// at least `election_timeout_min` after its last contact, later still.
+pub fn default_fence(election_timeout_max: Duration) -> Duration {
+    election_timeout_max * 4 / 5
 }
 
 /// The deadline a new leader gives a key at its promotion (the issue's failover rule):
@@ -152,7 +156,7 @@ impl LeaseConfig {
             failover_grace,
             election_timeout_min,
             election_timeout_max,
-            fence: default_fence(election_timeout_min),
+            fence: default_fence(election_timeout_max),
         }
     }
 
@@ -180,10 +184,10 @@ impl LeaseConfig {
                 election_timeout_max: max,
             });
         }
-        if self.fence.is_zero() || self.fence >= min {
+        if self.fence.is_zero() || self.fence >= max {
             return Err(LeaseConfigError::Fence {
                 fence: self.fence,
-                election_timeout_min: min,
+                election_timeout_max: max,
             });
         }
         Ok(LeaseRules {
@@ -225,13 +229,13 @@ pub enum LeaseConfigError {
         election_timeout_max: Duration,
     },
     #[error(
-        "the fence {fence:?} must be above zero and below the election timeout's minimum \
-         ({election_timeout_min:?}): past it, a leader cut off from its quorum could still act \
-         while another is elected"
+        "the fence {fence:?} must be above zero and below the election timeout's maximum \
+         ({election_timeout_max:?}, the followers' leader lease): past it, a leader cut off from \
+         its quorum could still act while another is elected"
     )]
     Fence {
         fence: Duration,
-        election_timeout_min: Duration,
+        election_timeout_max: Duration,
     },
 }
 
@@ -637,9 +641,12 @@ mod tests {
     }
 
     /// The design's first values, which the scenarios below are written in: 250 ms
-    /// checkpoints, 5 s grace, elections between 1 s and 2 s.
+    /// checkpoints, 5 s grace, elections between 1 s and 2 s, a fence of 800 ms.
     fn config() -> LeaseConfig {
-        LeaseConfig::new(ms(250), DEFAULT_FAILOVER_GRACE, ms(1000), ms(2000))
+        LeaseConfig {
+            fence: ms(800),
+            ..LeaseConfig::new(ms(250), DEFAULT_FAILOVER_GRACE, ms(1000), ms(2000))
+        }
     }
 
     /// Validates `config` and compares the outcome, and an error's message, with `expected`.
@@ -657,11 +664,13 @@ mod tests {
     }
 
     #[test]
-    fn the_design_values_are_accepted_with_a_fence_of_four_fifths() {
+    fn the_design_values_are_accepted_and_the_default_fence_is_four_fifths_of_the_lease() {
         let rules = config().validate().unwrap();
         assert_eq!(rules.checkpoint_interval(), ms(250));
         assert_eq!(rules.failover_grace(), ms(5000));
         assert_eq!(rules.fence(), ms(800));
+        let default = LeaseConfig::new(ms(250), ms(5000), ms(1000), ms(2000));
+        assert_eq!(default.validate().unwrap().fence(), ms(1600));
     }
 
     #[test]
@@ -673,7 +682,7 @@ mod tests {
         );
         let rules = member.validate().unwrap();
         assert_eq!(rules.checkpoint_interval(), ms(200));
-        assert_eq!(rules.fence(), ms(320));
+        assert_eq!(rules.fence(), ms(640));
     }
 
     #[test]
@@ -715,20 +724,20 @@ mod tests {
             }),
             "--failover-grace 1.999s is shorter",
         );
-        check_config(fence(999), Ok(()), "");
+        check_config(fence(1999), Ok(()), "");
         check_config(
-            fence(1000),
+            fence(2000),
             Err(LeaseConfigError::Fence {
-                fence: ms(1000),
-                election_timeout_min: ms(1000),
+                fence: ms(2000),
+                election_timeout_max: ms(2000),
             }),
-            "the fence 1s must be",
+            "the fence 2s must be",
         );
         check_config(
             fence(0),
             Err(LeaseConfigError::Fence {
                 fence: ms(0),
-                election_timeout_min: ms(1000),
+                election_timeout_max: ms(2000),
             }),
             "above zero",
         );

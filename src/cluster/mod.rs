@@ -21,6 +21,8 @@
 //!   and what Raft reports, it says what to do.
 //! - [`leadership`]: the lease task that feeds [`lease`] and carries out its actions, and the
 //!   leader's sweeper that proposes expiries; [`signals`]: what they share with the API.
+//! - [`membership`]: adding a learner, promoting it once caught up, removing a member, and
+//!   `--join`.
 //! - [`metrics`]: the member's Prometheus metrics (Raft's state read at each scrape, and
 //!   [`metrics::ClusterStats`], what the tasks count).
 //! - [`snapshot`]: the snapshot file (the single-node snapshot's frames behind a header that
@@ -34,6 +36,7 @@ pub mod forward;
 pub mod leadership;
 pub mod lease;
 pub mod log_store;
+pub mod membership;
 pub mod metrics;
 pub mod network;
 pub mod node;

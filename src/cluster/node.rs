@@ -35,6 +35,7 @@ use super::auth::PeerAuth;
 use super::leadership::{self, Parts};
 use super::lease::{LeaseConfig, LeaseRules};
 use super::log_store::LogStore;
+use super::membership::{self, Join, NewMember};
 use super::metrics::{ClusterCollector, ClusterStats};
 use super::network::{route, Contacts, PeerNetwork, Peers};
 use super::peer_server::{self, PeerState};
@@ -108,6 +109,12 @@ pub struct ClusterSettings {
     pub lease: LeaseRules,
     /// openraft's election timeout, minimum and maximum (`--election-timeout`).
     pub election_timeout: (Duration, Duration),
+    /// `--join`: an existing member's API URL.
+    pub join: Option<String>,
+    /// `--learner`: stay a learner after joining.
+    pub learner: bool,
+    /// The admin token `--join` sends (`TTLWHEEL_TOKEN`).
+    pub join_token: Option<String>,
 }
 
 /// A member that cannot start.
@@ -260,6 +267,11 @@ impl Cluster {
                 addr: settings.listen,
                 source,
             })?;
+        // Port 0 given: the port bound is the one to advertise (`--join`).
+        let settings = ClusterSettings {
+            listen: bound,
+            ..settings
+        };
         let (log_dir, sm_dir) = (settings.dir.join("log"), settings.dir.join("snapshots"));
         let signals = Arc::new(LeaseSignals::new(Instant::now()));
         let (machine_registry, machine_signals) = (Arc::clone(&registry), Arc::clone(&signals));
@@ -336,7 +348,34 @@ impl Cluster {
             tasks,
         };
         cluster.bootstrap(&settings).await?;
-        Ok(cluster.with_api_address_task())
+        let mut cluster = cluster.with_api_address_task();
+        if let Some(join) = cluster.join_to_run(&settings) {
+            cluster.tasks.push(tokio::spawn(membership::run_join(join)));
+        }
+        Ok(cluster)
+    }
+
+    /// What `--join` still has to do: nothing once this member is a voter (or a learner with
+    /// `--learner`); otherwise add it (idempotent) and promote it.
+    fn join_to_run(&self, settings: &ClusterSettings) -> Option<Join> {
+        let via = settings.join.clone()?;
+        let metrics = self.raft.metrics().borrow().clone();
+        let membership = metrics.membership_config.membership();
+        let voter = membership.voter_ids().any(|id| id == self.id);
+        let learner = membership.get_node(&self.id).is_some() && !voter;
+        if voter || (learner && settings.learner) {
+            return None;
+        }
+        Some(Join {
+            via,
+            me: NewMember {
+                id: self.id,
+                peer_addr: settings.listen.to_string(),
+                api_addr: settings.advertise_api.clone(),
+            },
+            token: settings.join_token.clone(),
+            learner: settings.learner,
+        })
     }
 
     /// Initializes the cluster if none exists and this member has the smallest founding id.
@@ -399,6 +438,16 @@ impl Cluster {
     /// leads, is promoted, and a quorum acknowledged it within the fence (design section 6).
     pub fn may_serve(&self) -> bool {
         self.signals.may_serve(Instant::now())
+    }
+
+    /// This member's id (`--node-id`).
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// The member's Raft, for the modules that extend what it does (`membership`).
+    pub(super) fn raft(&self) -> &Raft<TypeConfig> {
+        &self.raft
     }
 
     /// Whether this member leads now.
@@ -530,12 +579,16 @@ impl Cluster {
             |at: Option<Instant>| at.is_some_and(|at| at.elapsed() < self.in_quorum_within);
         match metrics.current_leader {
             None => Err("no leader is known".into()),
+            // A leader serves only under its lease (promoted, a quorum within the fence): a
+            // load balancer should not send it traffic it would refuse.
             Some(leader) if leader == self.id => match metrics.millis_since_quorum_ack {
                 Some(ms) if u128::from(ms) < self.in_quorum_within.as_millis() => {
-                    if applied >= committed {
-                        Ok(())
-                    } else {
+                    if applied < committed {
                         Err(format!("applying: {applied} of {committed}"))
+                    } else if !self.may_serve() {
+                        Err("this leader is taking over or cannot confirm its lease".into())
+                    } else {
+                        Ok(())
                     }
                 }
                 _ => Err("this leader has not heard from a quorum recently".into()),

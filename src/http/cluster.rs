@@ -1,5 +1,6 @@
-//! `GET /v1/cluster` (the member's view of its cluster) and `GET /readyz` (whether a load
-//! balancer should send this member traffic).
+//! `GET /v1/cluster` (the member's view of its cluster), the membership routes (add a
+//! learner, promote it, remove a member: admin only, served by the leader), and `GET /readyz`
+//! (whether a load balancer should send this member traffic).
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -7,7 +8,72 @@ use axum::response::IntoResponse;
 use axum::Json;
 use serde_json::json;
 
+use super::extract::{parse_json, JsonBytes, PathParam};
 use super::{ApiError, AppState};
+use crate::cluster::membership::{MembershipError, NewMember};
+use crate::cluster::node::Cluster;
+
+/// The largest body `POST /v1/cluster/members` reads.
+const MEMBER_BODY_LIMIT: usize = 4 * 1024;
+
+impl From<MembershipError> for ApiError {
+    fn from(error: MembershipError) -> Self {
+        let message = error.to_string();
+        match error {
+            MembershipError::Invalid(_) => Self::InvalidJson(message),
+            MembershipError::NoSuchMember(_) => Self::NoSuchMember(message),
+            MembershipError::Conflict(_) => Self::MembershipConflict(message),
+            MembershipError::NotCaughtUp { .. } => Self::NotCaughtUp(message),
+            MembershipError::NotLeader(_) => Self::NoLeader(message),
+            MembershipError::NoQuorum(_) => Self::NoQuorum(message),
+            MembershipError::Stopped(_) => Self::Internal(message),
+        }
+    }
+}
+
+fn member_of(state: &AppState) -> Result<&Cluster, ApiError> {
+    state.cluster.as_deref().ok_or(ApiError::NotACluster)
+}
+
+fn member_id(raw: &str) -> Result<u64, ApiError> {
+    raw.parse::<u64>()
+        .ok()
+        .filter(|&id| id > 0)
+        .ok_or_else(|| ApiError::InvalidPath(format!("{raw:?} is not a member id (1 or more)")))
+}
+
+/// `POST /v1/cluster/members`: adds a learner; the cluster as it is then.
+pub async fn member_add(
+    State(state): State<AppState>,
+    JsonBytes(body): JsonBytes<MEMBER_BODY_LIMIT>,
+) -> Result<impl IntoResponse, ApiError> {
+    let member: NewMember = parse_json(&body)?;
+    let cluster = member_of(&state)?;
+    cluster.add_learner(member).await?;
+    Ok(Json(cluster.status()))
+}
+
+/// `POST /v1/cluster/members/{id}/promote`: makes a caught-up learner a voter.
+pub async fn member_promote(
+    State(state): State<AppState>,
+    PathParam(id): PathParam,
+) -> Result<impl IntoResponse, ApiError> {
+    let id = member_id(&id)?;
+    let cluster = member_of(&state)?;
+    cluster.promote_member(id).await?;
+    Ok(Json(cluster.status()))
+}
+
+/// `DELETE /v1/cluster/members/{id}`: removes a member, voter or learner.
+pub async fn member_remove(
+    State(state): State<AppState>,
+    PathParam(id): PathParam,
+) -> Result<impl IntoResponse, ApiError> {
+    let id = member_id(&id)?;
+    let cluster = member_of(&state)?;
+    cluster.remove_member(id).await?;
+    Ok(Json(cluster.status()))
+}
 
 /// The member's view: its role, the leader, term, indexes and every member. A single node has
 /// none: 404 `not_a_cluster`.

@@ -81,6 +81,16 @@ pub enum ApiError {
     /// A cluster route on a single node.
     #[error("this server is a single node: it is not a cluster member (start it with --node-id)")]
     NotACluster,
+    /// A membership route naming a member the cluster does not have.
+    #[error("{0}")]
+    NoSuchMember(String),
+    /// A membership change that conflicts with the membership (addresses taken, the last
+    /// voter, another change in progress).
+    #[error("{0}")]
+    MembershipConflict(String),
+    /// A learner asked to become a voter before it has caught up.
+    #[error("{0}")]
+    NotCaughtUp(String),
     /// A cluster member that knows no leader, or cannot reach it.
     #[error("{0}")]
     NoLeader(String),
@@ -110,9 +120,13 @@ impl ApiError {
             Self::KeyNotFound
             | Self::DeadLetterNotFound(_)
             | Self::RouteNotFound(_)
-            | Self::NotACluster => StatusCode::NOT_FOUND,
+            | Self::NotACluster
+            | Self::NoSuchMember(_) => StatusCode::NOT_FOUND,
             Self::WebhookQueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
-            Self::GuardReleasing(_) | Self::NotInClusterYet(_) => StatusCode::CONFLICT,
+            Self::GuardReleasing(_)
+            | Self::NotInClusterYet(_)
+            | Self::MembershipConflict(_)
+            | Self::NotCaughtUp(_) => StatusCode::CONFLICT,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
@@ -155,6 +169,9 @@ impl ApiError {
             Self::Recovering => "recovering",
             Self::NotACluster => "not_a_cluster",
             Self::NotInClusterYet(_) => "not_in_cluster_yet",
+            Self::NoSuchMember(_) => "no_such_member",
+            Self::MembershipConflict(_) => "membership_conflict",
+            Self::NotCaughtUp(_) => "not_caught_up",
             Self::NoLeader(_) => "no_leader",
             Self::NoQuorum(_) => "no_quorum",
             Self::Internal(_) => "internal",
@@ -204,11 +221,22 @@ impl IntoResponse for ApiError {
             tracing::error!(%detail, "internal error");
         }
         let mut response = (self.status(), Json(self.body())).into_response();
-        if let Self::Unauthorized = self {
-            response.headers_mut().insert(
-                axum::http::header::WWW_AUTHENTICATE,
-                axum::http::HeaderValue::from_static("Bearer realm=\"ttlwheel\""),
-            );
+        match self {
+            Self::Unauthorized => {
+                response.headers_mut().insert(
+                    axum::http::header::WWW_AUTHENTICATE,
+                    axum::http::HeaderValue::from_static("Bearer realm=\"ttlwheel\""),
+                );
+            }
+            // "Later", and when: an election, a quorum or a learner's catching up takes about
+            // a second (a forwarded request's 503 says the same, `cluster::forward`).
+            Self::NoLeader(_) | Self::NoQuorum(_) | Self::NotCaughtUp(_) => {
+                response.headers_mut().insert(
+                    axum::http::header::RETRY_AFTER,
+                    axum::http::HeaderValue::from_static("1"),
+                );
+            }
+            _ => {}
         }
         response
     }

@@ -21,7 +21,7 @@ pub mod webhooks;
 
 use std::sync::Arc;
 
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::Router;
 
 pub use crate::clock::{rfc3339, Rfc3339};
@@ -150,6 +150,12 @@ pub fn app(state: AppState) -> Router {
         .route(routes::HEALTHZ.path, get(health::healthz))
         .route(routes::READYZ.path, get(cluster::readyz))
         .route(routes::CLUSTER.path, get(cluster::cluster_status))
+        .route(routes::CLUSTER_MEMBERS.path, post(cluster::member_add))
+        .route(routes::CLUSTER_MEMBER.path, delete(cluster::member_remove))
+        .route(
+            routes::CLUSTER_MEMBER_PROMOTE.path,
+            post(cluster::member_promote),
+        )
         .route(routes::OPENAPI.path, get(health::openapi_yaml))
         .route(routes::EVENTS.path, get(events::events_stream))
         .route(routes::METRICS.path, get(observe::metrics_text))

@@ -65,7 +65,7 @@ fn take_consistency(request: &mut Request) -> Result<Consistency, ApiError> {
 /// Whether a request for `method` on `path` must be served by the leader.
 fn needs_leader(method: &Method, path: &str, consistency: Consistency) -> bool {
     let keyed = path.starts_with("/v1/keys") || path == "/v1/services";
-    if path.starts_with("/v1/heartbeats") {
+    if path.starts_with("/v1/heartbeats") || path.starts_with("/v1/cluster/members") {
         return true;
     }
     if !keyed {

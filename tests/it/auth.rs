@@ -240,6 +240,27 @@ async fn every_route_answers_each_kind_of_token_as_its_scope_says() {
             None,
             [401, 401, 404, 404, 403, 403],
         ),
+        // Membership: admin only; a single node then says it is not a cluster.
+        (
+            Method::POST,
+            "/v1/cluster/members",
+            Some(
+                json!({ "id": 4, "peer_addr": "127.0.0.1:7004", "api_addr": "http://127.0.0.1:7881" }),
+            ),
+            [401, 401, 404, 403, 403, 403],
+        ),
+        (
+            Method::POST,
+            "/v1/cluster/members/4/promote",
+            None,
+            [401, 401, 404, 403, 403, 403],
+        ),
+        (
+            Method::DELETE,
+            "/v1/cluster/members/4",
+            None,
+            [401, 401, 404, 403, 403, 403],
+        ),
         (
             Method::GET,
             "/openapi.yaml",

@@ -137,7 +137,8 @@ impl Cluster {
     }
 
     /// Waits until every member of `among` names the same leader, itself one of `among`, in the
-    /// same term; returns it.
+    /// same term, and that leader is ready (`/readyz`: it has taken over and holds its lease,
+    /// so it serves rather than answering 503); returns it.
     pub async fn leader_among(&self, among: &[u64]) -> u64 {
         let started = std::time::Instant::now();
         loop {
@@ -149,7 +150,10 @@ impl Cluster {
                 }));
             }
             if let Some(Some((leader, term))) = seen.first().copied() {
-                if among.contains(&leader) && seen.iter().all(|s| *s == Some((leader, term))) {
+                if among.contains(&leader)
+                    && seen.iter().all(|s| *s == Some((leader, term)))
+                    && self.ready(leader).await
+                {
                     return leader;
                 }
             }
@@ -160,6 +164,17 @@ impl Cluster {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Whether member `id` answers `/readyz` with 200.
+    pub async fn ready(&self, id: u64) -> bool {
+        let answer = self
+            .client
+            .get(format!("{}/readyz", self.base(id)))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await;
+        answer.is_ok_and(|answer| answer.status() == StatusCode::OK)
     }
 
     /// The leader all running members agree on.
@@ -256,6 +271,59 @@ impl Cluster {
         let member = self.members.get_mut(&id).expect("a member");
         assert!(member.process.is_none(), "member {id} is running");
         member.process = Some(Server::spawn(&member.args, &[]));
+    }
+
+    /// Starts a new member `id` that joins through member `via` (`--join`), with `extra`
+    /// flags; no proxy sits on its links (it is dialled at its own peer address).
+    pub fn join(&mut self, name: &str, id: u64, via: u64, extra: &[&str]) {
+        assert!(!self.members.contains_key(&id), "member {id} exists");
+        let dir = std::env::temp_dir().join(format!(
+            "ttlwheel-cluster-{name}-{id}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut args: Vec<String> = ["--listen", "127.0.0.1:0", "--log-format", "text"]
+            .iter()
+            .map(|arg| (*arg).to_owned())
+            .collect();
+        args.extend(["--node-id".into(), id.to_string()]);
+        args.extend(["--cluster-listen".into(), free_port().to_string()]);
+        args.extend(["--join".into(), self.base(via)]);
+        args.extend(["--data-dir".into(), dir.display().to_string()]);
+        args.extend(extra.iter().map(|arg| (*arg).to_owned()));
+        self.dirs.push(dir);
+        let process = Some(Server::spawn(&args, &[]));
+        self.members.insert(id, Member { id, process, args });
+    }
+
+    /// Waits until member `id`'s `GET /v1/cluster` satisfies `holds`; returns that status.
+    pub async fn wait_for_status(
+        &self,
+        id: u64,
+        what: &str,
+        holds: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let started = std::time::Instant::now();
+        loop {
+            let status = self.status(id).await;
+            if let Some(status) = status.filter(|status| holds(status)) {
+                return status;
+            }
+            assert!(
+                started.elapsed() < WAIT,
+                "member {id}: never {what} within {WAIT:?}\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Stops member `id` for good (`kill -9`) and forgets it.
+    pub fn forget(&mut self, id: u64) {
+        if self.members[&id].process.is_some() {
+            self.kill(id);
+        }
+        self.members.remove(&id);
     }
 
     /// Blackholes every link between `isolated` and the other members, both ways.

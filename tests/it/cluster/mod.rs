@@ -4,4 +4,5 @@
 
 pub mod harness;
 pub mod history;
+pub mod membership;
 pub mod scenarios;

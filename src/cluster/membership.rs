@@ -286,7 +286,11 @@ async fn ask_until_done(
     loop {
         let mut request = client.post(url);
         if let Some(body) = body {
-            request = request.json(body);
+            // reqwest's `json` feature is not ours (only the tests' build has it).
+            let body = serde_json::to_vec(body).expect("a member serializes");
+            request = request
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body);
         }
         if let Some(token) = token {
             request = request.bearer_auth(token);

@@ -75,9 +75,6 @@ pub enum ApiError {
     /// The service is still recovering its state from the data directory.
     #[error("the service is recovering its state from disk; try again shortly")]
     Recovering,
-    /// A change a cluster member cannot make yet (issue 28 lands in steps).
-    #[error("{0}: not yet supported on a cluster member")]
-    NotInClusterYet(String),
     /// A cluster route on a single node.
     #[error("this server is a single node: it is not a cluster member (start it with --node-id)")]
     NotACluster,
@@ -123,10 +120,9 @@ impl ApiError {
             | Self::NotACluster
             | Self::NoSuchMember(_) => StatusCode::NOT_FOUND,
             Self::WebhookQueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
-            Self::GuardReleasing(_)
-            | Self::NotInClusterYet(_)
-            | Self::MembershipConflict(_)
-            | Self::NotCaughtUp(_) => StatusCode::CONFLICT,
+            Self::GuardReleasing(_) | Self::MembershipConflict(_) | Self::NotCaughtUp(_) => {
+                StatusCode::CONFLICT
+            }
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
@@ -168,7 +164,6 @@ impl ApiError {
             Self::StorageUnavailable(_) => "storage_unavailable",
             Self::Recovering => "recovering",
             Self::NotACluster => "not_a_cluster",
-            Self::NotInClusterYet(_) => "not_in_cluster_yet",
             Self::NoSuchMember(_) => "no_such_member",
             Self::MembershipConflict(_) => "membership_conflict",
             Self::NotCaughtUp(_) => "not_caught_up",
@@ -208,9 +203,9 @@ impl From<RegistryError> for ApiError {
             RegistryError::TooManyServices => Self::TooManyServices(error.to_string()),
             RegistryError::TooManyKeys { .. } => Self::TooManyKeys(error.to_string()),
             RegistryError::StorageUnavailable => Self::StorageUnavailable(error.to_string()),
-            // The cluster-aware handlers propose these; one that reaches here is a route that
-            // does not go through the log yet.
-            RegistryError::NeedsLog => Self::NotInClusterYet(error.to_string()),
+            // Every handler of a change proposes these to the log itself: one that reaches here
+            // is a route that forgot to, a bug.
+            RegistryError::NeedsLog => Self::Internal(format!("unproposed: {error}")),
         }
     }
 }

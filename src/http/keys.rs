@@ -12,7 +12,7 @@ use super::extract::{parse_json, JsonBytes, KeyPath, QueryParams, Ready, BODY_LI
 use super::{rfc3339, Rfc3339};
 use crate::expiry::TimerKind;
 use crate::registry::{
-    ExpireAt, ExpireCondition, ExpireOutcome, ExpiredView, KeyState, KeyView, ListFilter,
+    ExpireAt, ExpireCondition, ExpireOutcome, ExpiredView, KeyState, KeyView, ListFilter, Logged,
     RegistryError,
 };
 use crate::types::{Key, ServiceName};
@@ -303,7 +303,15 @@ pub async fn ttl_put(
         Condition::Gt => ExpireCondition::Gt,
         Condition::Lt => ExpireCondition::Lt,
     });
-    let response = match state.registry.expire(&key, at, condition, Instant::now())? {
+    let now = Instant::now();
+    let outcome = match state.registry.expire(&key, at, condition, now) {
+        Err(RegistryError::NeedsLog) => {
+            let logged = state.registry.expire_for(&key, at, condition, now)?;
+            through_the_log(&state, logged).await?
+        }
+        outcome => outcome?,
+    };
+    let response = match outcome {
         ExpireOutcome::NotFound => return Err(ApiError::KeyNotFound),
         ExpireOutcome::NotApplied { ttl_ms } => ExpireResponse {
             applied: false,
@@ -336,12 +344,26 @@ pub async fn ttl_delete(
     Ready(state): Ready,
     KeyPath(key): KeyPath,
 ) -> Result<Json<PersistResponse>, ApiError> {
-    let applied = state
-        .registry
-        .persist(&key, Instant::now())?
-        .ok_or(ApiError::KeyNotFound)?;
+    let now = Instant::now();
+    let persisted = match state.registry.persist(&key, now) {
+        Err(RegistryError::NeedsLog) => {
+            through_the_log(&state, state.registry.persist_for(&key, now)).await?
+        }
+        persisted => persisted?,
+    };
+    let applied = persisted.ok_or(ApiError::KeyNotFound)?;
     if applied {
         state.durable(None).await?;
     }
     Ok(Json(PersistResponse { applied }))
+}
+
+/// A TTL change on a cluster member (the leader: followers forward these routes): its record,
+/// if it changes anything, proposed and applied here before the answer, which is a single
+/// node's (`Registry::expire_for`, `Registry::persist_for`).
+async fn through_the_log<T>(state: &super::AppState, logged: Logged<T>) -> Result<T, ApiError> {
+    if let Some(record) = logged.record {
+        super::replicate::propose(state, vec![record]).await?;
+    }
+    Ok(logged.answer)
 }

@@ -186,6 +186,8 @@ mod tests {
             ("POST", "/v1/heartbeats/batch"),
             ("DELETE", "/v1/keys/a"),
             ("PUT", "/v1/keys/a/ttl"),
+            ("DELETE", "/v1/keys/a/ttl"),
+            ("PUT", "/v1/keys/a/ttl?consistency=stale"),
             ("GET", "/v1/keys"),
             ("GET", "/v1/keys/a?x=1"),
             ("GET", "/v1/services"),

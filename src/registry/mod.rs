@@ -50,6 +50,7 @@ pub use ops::{
     ExpireAt, ExpireCondition, ExpireOutcome, ExpiredView, Heartbeat, HeartbeatOutcome, KeyCounts,
     KeyState, KeyView, RegistryError, ServiceCounts, ServicesOverview,
 };
+pub use replicated::Logged;
 pub use services::{ServiceId, MAX_SERVICES};
 pub use shard::CheckpointItem;
 pub use sweep::{SweepReport, SWEEP_CHUNK};
@@ -369,19 +370,7 @@ impl Registry {
     ) -> Result<ExpireOutcome, RegistryError> {
         self.refuse_if_replicated()?;
         let now = self.clock.at(now);
-        let now_ms = now.ms as i64;
-        let (target_ms, ttl_ms) = match at {
-            ExpireAt::In(ms) if ms > 0 => (now.deadline_ms(ms as u64) as i64, ms),
-            ExpireAt::In(ms) => (now_ms.saturating_add(ms), ms),
-            ExpireAt::AtUnixMs(unix_ms) => {
-                let target_ms = self.clock.ms_from_unix(unix_ms);
-                (target_ms, target_ms.saturating_sub(now_ms))
-            }
-        };
-        if ttl_ms > MAX_TTL_MS as i64 {
-            return Err(InvalidInput::Ttl.into());
-        }
-        let ttl_ms = ttl_ms.max(0) as u64;
+        let (target_ms, ttl_ms) = self.expire_target(at, now)?;
         let absolute = matches!(at, ExpireAt::AtUnixMs(_));
         let outcome = self.with_shard(key, |shard, hash, ctx| {
             shard.expire(
@@ -405,6 +394,25 @@ impl Registry {
             }
         }
         Ok(outcome)
+    }
+
+    /// An EXPIRE's new deadline in epoch ms (negative: before the epoch; at or before `now`:
+    /// the key is deleted) and the TTL it amounts to (0 when not in the future), which picks
+    /// the timer; refused past the longest TTL.
+    fn expire_target(&self, at: ExpireAt, now: Now) -> Result<(i64, u64), RegistryError> {
+        let now_ms = now.ms as i64;
+        let (target_ms, ttl_ms) = match at {
+            ExpireAt::In(ms) if ms > 0 => (now.deadline_ms(ms as u64) as i64, ms),
+            ExpireAt::In(ms) => (now_ms.saturating_add(ms), ms),
+            ExpireAt::AtUnixMs(unix_ms) => {
+                let target_ms = self.clock.ms_from_unix(unix_ms);
+                (target_ms, target_ms.saturating_sub(now_ms))
+            }
+        };
+        if ttl_ms > MAX_TTL_MS as i64 {
+            return Err(InvalidInput::Ttl.into());
+        }
+        Ok((target_ms, ttl_ms.max(0) as u64))
     }
 
     /// One page of alive keys matching `filter`, in key order, and whether more follow.

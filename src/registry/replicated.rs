@@ -1,5 +1,7 @@
 //! The registry's side of cluster mode (`RegistryConfig::replicated`): what a change that must
-//! go through the Raft log is proposed as, what a request is answered once its entry has been
+//! go through the Raft log is proposed as (a heartbeat's `upsert_for`, a delete's
+//! `deletion_for`, a TTL change's `expire_for` / `persist_for`: always a key's whole state or
+//! its end, a TTL always relative), what a request is answered once its entry has been
 //! applied, and applying committed entries: writes, expiries and checkpoints, each with its
 //! events, on every member alike (`cluster::state_machine` calls these in log order).
 //!
@@ -11,10 +13,21 @@
 use tokio::time::Instant;
 
 use super::shard::CheckpointItem;
-use super::{Heartbeat, HeartbeatOutcome, Registry};
+use super::{
+    ExpireAt, ExpireCondition, ExpireOutcome, Heartbeat, HeartbeatOutcome, Registry, RegistryError,
+};
 use crate::expiry::TimerKind;
 use crate::persist::record::{Expiry, KeyState, Record};
 use crate::types::Key;
+
+/// A change a cluster member's leader decided and has not made: the answer to give, and the
+/// record to propose and see applied before giving it (`None`: nothing changes; answer at
+/// once).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Logged<T> {
+    pub answer: T,
+    pub record: Option<Record>,
+}
 
 /// Slots a promotion pass handles per shard lock: about as long a hold as a sweep chunk.
 const PROMOTE_CHUNK: u32 = 4096;
@@ -48,11 +61,16 @@ impl Registry {
             Record::Upsert(state) => {
                 let (service, _pin) = self.service_id_for(state.service.as_ref());
                 let key = state.key.clone();
-                self.with_shard(&key, |shard, hash, ctx| {
+                let (created, heap_deadline) = self.with_shard(&key, |shard, hash, ctx| {
                     shard.stamped(stamp, |shard| {
                         shard.apply_upsert(state, hash, service, generation, ctx, now)
                     })
-                })
+                });
+                // The leader's sweeper may sleep past a heap deadline this brought forward.
+                if let Some(deadline_ms) = heap_deadline {
+                    self.wake_for_heap_deadline(deadline_ms);
+                }
+                created
             }
             Record::Deleted { key, .. } => {
                 self.with_shard(&key, |shard, hash, ctx| {
@@ -218,6 +236,37 @@ impl Registry {
             key: key.clone(),
             at_unix_ms,
         })
+    }
+
+    /// EXPIRE / PEXPIRE / PEXPIREAT on a cluster member (the leader): decided against the key
+    /// as it is here, with a single node's semantics (404 for a missing key, the condition,
+    /// a deadline not in the future deletes), and changing nothing; the record to propose is
+    /// the key's whole new state with the time left as a relative TTL (see
+    /// `Shard::expire_record` for why never an instant), or its deletion.
+    pub fn expire_for(
+        &self,
+        key: &Key,
+        at: ExpireAt,
+        condition: Option<ExpireCondition>,
+        now: Instant,
+    ) -> Result<Logged<ExpireOutcome>, RegistryError> {
+        let now = self.clock.at(now);
+        let (target_ms, _) = self.expire_target(at, now)?;
+        let (answer, record) = self.with_shard(key, |shard, hash, ctx| {
+            shard.expire_record((key, hash), target_ms, condition, ctx, now)
+        });
+        Ok(Logged { answer, record })
+    }
+
+    /// PERSIST on a cluster member (the leader), changing nothing: the answer (`None`:
+    /// missing; else whether a TTL is removed) and the record to propose, the key's whole
+    /// state without a deadline.
+    pub fn persist_for(&self, key: &Key, now: Instant) -> Logged<Option<bool>> {
+        let now = self.clock.at(now);
+        let (answer, record) = self.with_shard(key, |shard, hash, ctx| {
+            shard.persist_record((key, hash), ctx, now)
+        });
+        Logged { answer, record }
     }
 
     /// What a heartbeat whose record was applied is answered: the key as it is now (or, if a
@@ -436,5 +485,247 @@ mod tests {
             State::ExpiresIn(2_000)
         );
         assert!(registry.expiring_batch(10).is_empty());
+    }
+    /// A member whose wall clock reads `unix_ms` at `epoch` (members' clocks differ).
+    fn member_with_clock(epoch: Instant, unix_ms: u64) -> Registry {
+        let config = RegistryConfig {
+            replicated: true,
+            shards: 4,
+            ..RegistryConfig::default()
+        };
+        Registry::with_clock(
+            config,
+            crate::clock::Clock::with_unix_ms_at_epoch(epoch, unix_ms),
+        )
+    }
+
+    fn relative_ttl(record: &Record) -> Option<u64> {
+        match record {
+            Record::Upsert(state) => match state.expiry {
+                Expiry::Relative { ttl_ms } => Some(ttl_ms),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_expire_is_decided_on_the_leader_changes_nothing_there_and_applies_alike_everywhere()
+    {
+        let epoch = Instant::now();
+        let (leader, follower) = (member(epoch), member(epoch));
+        for registry in [&leader, &follower] {
+            create(registry, "a", 60, 3, epoch);
+        }
+        let asked = epoch + Duration::from_secs(10);
+        assert!(matches!(
+            leader.expire(&key("a"), ExpireAt::In(1_500), None, asked),
+            Err(RegistryError::NeedsLog)
+        ));
+        let logged = leader
+            .expire_for(&key("a"), ExpireAt::In(1_500), None, asked)
+            .unwrap();
+        assert_eq!(logged.answer, ExpireOutcome::Applied { ttl_ms: 1_500 });
+        let record = logged.record.expect("a change to log");
+        assert_eq!(relative_ttl(&record), Some(1_500));
+        assert_eq!(
+            leader.state(&key("a"), asked),
+            State::ExpiresIn(50_000),
+            "nothing changes before the entry is applied"
+        );
+        // Each member applies the entry when it gets it, and counts the TTL from then.
+        let applied_here = asked + Duration::from_millis(3);
+        let applied_there = asked + Duration::from_millis(40);
+        assert!(!leader.apply_logged(record.clone(), 9, 0, applied_here));
+        assert!(!follower.apply_logged(record, 9, 0, applied_there));
+        for (registry, applied) in [(&leader, applied_here), (&follower, applied_there)] {
+            registry.check_invariants();
+            assert_eq!(registry.state(&key("a"), applied), State::ExpiresIn(1_500));
+            let view = registry.get(&key("a"), applied).unwrap();
+            assert_eq!(view.ttl_ms, Some(1_500));
+        }
+        // It expires through the log: the leader lists it with the EXPIRE's generation.
+        let mut events_there = follower.subscribe();
+        let due = applied_here + Duration::from_millis(1_500);
+        leader.sweep(due, 1 << 20);
+        leader.check_invariants();
+        let expiring = leader.expiring_batch(10);
+        assert_eq!(expiring, [(key("a"), generation_of(9))]);
+        assert_eq!(follower.apply_expiries(&expiring, 12, due), 1);
+        assert_eq!(leader.apply_expiries(&expiring, 12, due), 1);
+        assert_eq!(
+            events(&mut events_there),
+            [(EventKind::Expired, "a".into())]
+        );
+        for registry in [&leader, &follower] {
+            assert_eq!(registry.state(&key("a"), due), State::Missing);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_absolute_deadline_is_logged_as_the_time_left_on_the_leaders_clock() {
+        let epoch = Instant::now();
+        let leader = member_with_clock(epoch, 1_700_000_000_000);
+        // Five seconds ahead of the leader: an instant in the log would mean 5 s less here.
+        let follower = member_with_clock(epoch, 1_700_000_005_000);
+        for registry in [&leader, &follower] {
+            create(registry, "a", 60, 3, epoch);
+        }
+        let asked = epoch + Duration::from_secs(1);
+        let at = ExpireAt::AtUnixMs(1_700_000_000_000 + 1_000 + 3_000);
+        let logged = leader.expire_for(&key("a"), at, None, asked).unwrap();
+        assert_eq!(logged.answer, ExpireOutcome::Applied { ttl_ms: 3_000 });
+        let record = logged.record.expect("a change to log");
+        assert_eq!(relative_ttl(&record), Some(3_000), "no instant: {record:?}");
+        let applied = asked + Duration::from_millis(20);
+        for registry in [&leader, &follower] {
+            registry.apply_logged(record.clone(), 9, 0, applied);
+            registry.check_invariants();
+            assert_eq!(registry.state(&key("a"), applied), State::ExpiresIn(3_000));
+        }
+        // Never before the instant asked for, on the leader's clock.
+        let deadline = leader
+            .get(&key("a"), applied)
+            .unwrap()
+            .expires_at_ms
+            .unwrap();
+        assert!(deadline >= 1_700_000_004_000, "{deadline}");
+        // An instant already past on the leader's clock deletes the key, through the log.
+        let past = ExpireAt::AtUnixMs(1_700_000_000_500);
+        let logged = leader.expire_for(&key("a"), past, None, applied).unwrap();
+        assert_eq!(logged.answer, ExpireOutcome::Deleted);
+        assert!(matches!(logged.record, Some(Record::Deleted { .. })));
+        assert_ne!(leader.state(&key("a"), applied), State::Missing);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_expire_answers_a_missing_key_a_failed_condition_and_a_past_deadline_as_a_single_node(
+    ) {
+        let epoch = Instant::now();
+        let registry = member(epoch);
+        create(&registry, "a", 60, 3, epoch);
+        let now = epoch + Duration::from_secs(10);
+        let missing = registry
+            .expire_for(&key("nobody"), ExpireAt::In(1_000), None, now)
+            .unwrap();
+        assert_eq!(
+            (missing.answer, missing.record),
+            (ExpireOutcome::NotFound, None)
+        );
+        let nx = registry
+            .expire_for(
+                &key("a"),
+                ExpireAt::In(1_000),
+                Some(ExpireCondition::Nx),
+                now,
+            )
+            .unwrap();
+        assert_eq!(
+            (nx.answer, nx.record),
+            (
+                ExpireOutcome::NotApplied {
+                    ttl_ms: Some(50_000)
+                },
+                None
+            )
+        );
+        let gt = registry
+            .expire_for(
+                &key("a"),
+                ExpireAt::In(90_000),
+                Some(ExpireCondition::Gt),
+                now,
+            )
+            .unwrap();
+        assert_eq!(gt.answer, ExpireOutcome::Applied { ttl_ms: 90_000 });
+        assert!(matches!(
+            registry.expire_for(&key("a"), ExpireAt::In(i64::MAX), None, now),
+            Err(RegistryError::Invalid(_))
+        ));
+        let mut receiver = registry.subscribe();
+        let zero = registry
+            .expire_for(&key("a"), ExpireAt::In(0), None, now)
+            .unwrap();
+        assert_eq!(zero.answer, ExpireOutcome::Deleted);
+        registry.apply_logged(zero.record.unwrap(), 10, 0, now);
+        registry.check_invariants();
+        assert_eq!(events(&mut receiver), [(EventKind::Deleted, "a".into())]);
+        assert_eq!(registry.state(&key("a"), now), State::Missing);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_persisted_key_never_expires_nor_gets_a_deadline_at_a_promotion() {
+        let epoch = Instant::now();
+        let (leader, follower) = (member(epoch), member(epoch));
+        for registry in [&leader, &follower] {
+            create(registry, "a", 2, 3, epoch);
+        }
+        assert!(matches!(
+            leader.persist(&key("a"), epoch),
+            Err(RegistryError::NeedsLog)
+        ));
+        assert_eq!(
+            leader.persist_for(&key("nobody"), epoch),
+            Logged {
+                answer: None,
+                record: None
+            }
+        );
+        let logged = leader.persist_for(&key("a"), epoch);
+        assert_eq!(logged.answer, Some(true));
+        let record = logged.record.expect("a change to log");
+        assert!(
+            matches!(&record, Record::Upsert(state) if state.expiry == Expiry::Never),
+            "{record:?}"
+        );
+        for registry in [&leader, &follower] {
+            registry.apply_logged(record.clone(), 5, 0, epoch);
+            registry.check_invariants();
+        }
+        assert_eq!(
+            leader.persist_for(&key("a"), epoch),
+            Logged {
+                answer: Some(false),
+                record: None
+            },
+            "nothing left to remove"
+        );
+        // Far past its old TTL, swept, checkpointed and promoted: still without a deadline.
+        let later = epoch + Duration::from_secs(30);
+        for registry in [&leader, &follower] {
+            registry.sweep(later, 1 << 20);
+            assert!(registry.expiring_batch(10).is_empty());
+            registry.promote(later, &|_, _| later + Duration::from_secs(1));
+            registry.check_invariants();
+            assert!(registry.take_checkpoint(later).is_empty());
+            assert_eq!(registry.state(&key("a"), later), State::Persistent);
+            let view = registry.get(&key("a"), later).unwrap();
+            assert_eq!((view.ttl_ms, view.expires_at_ms), (None, None));
+        }
+        // A snapshot keeps it without one.
+        let records: Vec<_> = follower.state_records().collect();
+        assert!(
+            matches!(&records[..], [Record::Upsert(state)] if state.expiry == Expiry::Never),
+            "{records:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_applied_heap_deadline_wakes_the_sweeper() {
+        let epoch = Instant::now();
+        let registry = member(epoch);
+        create(&registry, "a", 60, 3, epoch);
+        let now = epoch + Duration::from_millis(10);
+        registry.sweep(now, 1 << 20);
+        // The sweeper goes to sleep until the next second's last second begins.
+        let wake_at = registry.next_sweep_at();
+        assert_eq!(wake_at, epoch + Duration::from_secs(1));
+        let logged = registry
+            .expire_for(&key("a"), ExpireAt::In(50), None, now)
+            .unwrap();
+        registry.apply_logged(logged.record.unwrap(), 4, 0, now);
+        tokio::time::timeout(Duration::ZERO, registry.earlier_deadline())
+            .await
+            .expect("woken for the 50 ms deadline");
     }
 }

@@ -493,15 +493,10 @@ impl Shard {
         now: Now,
     ) -> Result<ExpireOutcome, RegistryError> {
         let now_ms = now.ms;
-        let Some(slot) = self.find_alive(key, ctx, now_ms) else {
-            return Ok(ExpireOutcome::NotFound);
+        let slot = match self.expire_allowed(key, target_ms, condition, ctx, now) {
+            Ok(slot) => slot,
+            Err(answer) => return Ok(answer),
         };
-        let current = self.slots.entry(slot).deadline();
-        if !condition.is_none_or(|condition| condition.allows(current, target_ms)) {
-            return Ok(ExpireOutcome::NotApplied {
-                ttl_ms: self.slots.entry(slot).remaining(now),
-            });
-        }
         if ctx.refuses_durable_writes() {
             return Err(RegistryError::StorageUnavailable);
         }
@@ -521,6 +516,29 @@ impl Shard {
         entry.flags = (entry.flags & !(ABSOLUTE | RESTORED)) | if absolute { ABSOLUTE } else { 0 };
         self.record_state(slot, ctx);
         Ok(ExpireOutcome::Applied { ttl_ms })
+    }
+
+    /// EXPIRE's lookup and condition, which change nothing (but expire a due key on a single
+    /// node, as any access does): the key's slot when the change goes ahead, else the answer
+    /// (missing, or the condition failed, with the TTL left unchanged).
+    fn expire_allowed(
+        &mut self,
+        key: Keyed<'_>,
+        target_ms: i64,
+        condition: Option<ExpireCondition>,
+        ctx: &Ctx<'_>,
+        now: Now,
+    ) -> Result<SlotId, ExpireOutcome> {
+        let Some(slot) = self.find_alive(key, ctx, now.ms) else {
+            return Err(ExpireOutcome::NotFound);
+        };
+        let current = self.slots.entry(slot).deadline();
+        if !condition.is_none_or(|condition| condition.allows(current, target_ms)) {
+            return Err(ExpireOutcome::NotApplied {
+                ttl_ms: self.slots.entry(slot).remaining(now),
+            });
+        }
+        Ok(slot)
     }
 
     /// The last tick whose wheel bucket was detached.

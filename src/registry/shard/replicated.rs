@@ -16,15 +16,15 @@
 //! Invariants (checked by `Shard::check_invariants`): a key is `Expiring` exactly when its
 //! slot is at its position in `expiring`; a slot with `RENEWED` set is in `renewed`.
 
-use super::{Shard, Timer, TimerRef, NO_DEADLINE, RENEWED, RESTORED};
+use super::{Keyed, Shard, Timer, TimerRef, NO_DEADLINE, RENEWED, RESTORED};
 use crate::clock::Now;
 use crate::events::EventKind;
 use crate::expiry::wheel::SlotId;
 use crate::expiry::TimerKind;
-use crate::persist::record::KeyState as DurableKey;
+use crate::persist::record::{Expiry, KeyState as DurableKey, Record};
 use crate::registry::services::ServiceId;
 use crate::registry::table::KeyHash;
-use crate::registry::Ctx;
+use crate::registry::{Ctx, ExpireCondition, ExpireOutcome};
 use crate::types::Key;
 
 /// One key of a checkpoint: its generation and the time it has left on the leader.
@@ -90,7 +90,8 @@ impl Shard {
 
     /// Applies a committed key state (a creation or a change): as recovery applies it, with
     /// the entry's `generation`, and a `registered` event when it creates the key. The deadline
-    /// counts the TTL from `now`, the apply. Returns whether it created the key.
+    /// counts the TTL from `now`, the apply. Returns whether it created the key, and its
+    /// deadline if the heap holds it (the sweeper may have to wake earlier for it).
     pub(in crate::registry) fn apply_upsert(
         &mut self,
         state: DurableKey,
@@ -99,18 +100,83 @@ impl Shard {
         generation: u32,
         ctx: &Ctx<'_>,
         now: Now,
-    ) -> bool {
+    ) -> (bool, Option<u64>) {
         let created = self.find((&state.key, hash)).is_none();
         let key = state.key.clone();
         self.restore_state(state, hash, service, ctx, now);
         let slot = self.find((&key, hash)).expect("just stored");
         // Applied from the log, not restored at a restart: its expiry is a live one.
-        self.slots.entry_mut(slot).flags &= !RESTORED;
+        let entry = self.slots.entry_mut(slot);
+        entry.flags &= !RESTORED;
+        let heap_deadline = (entry.timer.get() == Timer::Heap).then_some(entry.deadline_ms);
         self.set_generation(slot, generation);
         if created {
             self.registered(slot, ctx, now.ms);
         }
-        created
+        (created, heap_deadline)
+    }
+
+    /// A cluster member's EXPIRE, decided on the leader against the key as it is here, and
+    /// changing nothing: the answer, and the record to propose before giving it (`None`:
+    /// nothing changes). A deadline not in the future is a delete; any other is logged as the
+    /// key's whole state with a relative TTL, the time left from `now` to `target_ms`, which
+    /// every member counts from its own apply.
+    ///
+    /// Why relative, also for an absolute deadline (PEXPIREAT): members' wall clocks differ,
+    /// and an entry must mean the same on each of them; an instant would be re-read against
+    /// each member's clock (and after a restart or a snapshot install, again). The leader's
+    /// clock decides once, here, what is left; the cost is that the key falls due later than
+    /// the instant by the commit's latency, never earlier, and across a failover it is kept as
+    /// any TTL is (`promote_slots`).
+    pub(in crate::registry) fn expire_record(
+        &mut self,
+        key: Keyed<'_>,
+        target_ms: i64,
+        condition: Option<ExpireCondition>,
+        ctx: &Ctx<'_>,
+        now: Now,
+    ) -> (ExpireOutcome, Option<Record>) {
+        let slot = match self.expire_allowed(key, target_ms, condition, ctx, now) {
+            Ok(slot) => slot,
+            Err(answer) => return (answer, None),
+        };
+        if target_ms <= now.ms as i64 {
+            let deleted = Record::Deleted {
+                key: key.0.clone(),
+                at_unix_ms: ctx.clock.unix_ms(now.ms),
+            };
+            return (ExpireOutcome::Deleted, Some(deleted));
+        }
+        // What is left, rounded down (as a single node answers it); at least 1 ms, since the
+        // deadline is in the future. Applied as `ceil(apply) + ttl_ms`: never before the target.
+        let ttl_ms = now.ms_left(target_ms as u64).max(1);
+        let mut state = self.durable_state(self.slots.entry(slot), ctx);
+        state.expiry = Expiry::Relative { ttl_ms };
+        (
+            ExpireOutcome::Applied { ttl_ms },
+            Some(Record::Upsert(state)),
+        )
+    }
+
+    /// A cluster member's PERSIST, decided on the leader and changing nothing: the answer
+    /// (`None`: missing; else whether a TTL is removed) and the record to propose first (the
+    /// key's whole state without a deadline), if any.
+    pub(in crate::registry) fn persist_record(
+        &mut self,
+        key: Keyed<'_>,
+        ctx: &Ctx<'_>,
+        now: Now,
+    ) -> (Option<bool>, Option<Record>) {
+        let Some(slot) = self.find_alive(key, ctx, now.ms) else {
+            return (None, None);
+        };
+        let entry = self.slots.entry(slot);
+        if entry.deadline().is_none() {
+            return (Some(false), None);
+        }
+        let mut state = self.durable_state(entry, ctx);
+        state.expiry = Expiry::Never;
+        (Some(true), Some(Record::Upsert(state)))
     }
 
     /// Applies a committed delete: the key leaves with a `deleted` event. Returns whether it

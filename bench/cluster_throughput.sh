@@ -34,7 +34,7 @@ create() { # $1: API host:port; $2: log; $3: key prefix
         --prefix "$3" --duration "$DURATION" >"$2" 2>&1
 }
 
-start_cluster() { # starts members 1..3 under $OUT/c-$1; prints the leader's API address
+start_cluster() { # starts members 1..3 under $OUT/c-$1; sets LEADER (its API) and LEADER_ID
     local initial="1=127.0.0.1:17101,2=127.0.0.1:17102,3=127.0.0.1:17103"
     for id in 1 2 3; do
         rm -rf "$OUT/c-$1-$id"
@@ -46,7 +46,7 @@ start_cluster() { # starts members 1..3 under $OUT/c-$1; prints the leader's API
         for id in 1 2 3; do
             if curl -sf "http://127.0.0.1:1788$id/readyz" >/dev/null 2>&1 &&
                 curl -sf "http://127.0.0.1:1788$id/v1/cluster" | grep -q '"role":"leader"'; then
-                echo "127.0.0.1:1788$id $id"; return
+                LEADER="127.0.0.1:1788$id"; LEADER_ID=$id; return
             fi
         done
         sleep 0.05
@@ -59,7 +59,8 @@ for round in $(seq "$ROUNDS"); do
     renew "$TARGET" "$OUT/single-renew-$round.log"
     create "$TARGET" "$OUT/single-create-$round.log" "c$round-"
     stop
-    read -r leader leader_id < <(start_cluster "$round")
+    start_cluster "$round"   # not in a subshell: PIDS must stay set
+    leader=$LEADER leader_id=$LEADER_ID
     before=(); for i in 0 1 2; do before+=("$(cpu_s "${PIDS[$i]}")"); done
     renew "$leader" "$OUT/cluster-renew-$round.log"
     after=(); for i in 0 1 2; do after+=("$(cpu_s "${PIDS[$i]}")"); done

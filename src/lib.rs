@@ -112,6 +112,9 @@ pub struct Service {
     hub: Arc<EventHub>,
     /// The data directory, unless memory-only.
     data_dir: Option<Arc<DataDir>>,
+    /// A cluster member's hold on its data directory (its lock: one process per directory,
+    /// as for a single node); the Raft log inside is the member's own business.
+    member_dir: Option<Arc<DataDir>>,
     /// Sending (or dropping) it stops the ticker (and the snapshots).
     stop_ticker: tokio::sync::watch::Sender<bool>,
     /// Recovery, then the ticker until stopped; an error if recovery failed.
@@ -176,12 +179,35 @@ impl Service {
             ..registry_config(config)
         };
         let registry = Arc::new(Registry::new(replicated, Instant::now()));
+        let data_dir = settings
+            .dir
+            .parent()
+            .expect("the Raft directory is in the data directory");
+        let member_dir = Arc::new(DataDir::open(data_dir).map_err(std::io::Error::other)?);
+        let founder = settings.initial.keys().next() == Some(&settings.node_id);
+        let import = {
+            let (dir, raft_dir, keys) = (
+                Arc::clone(&member_dir),
+                settings.dir.clone(),
+                registry_config(config),
+            );
+            tokio::task::spawn_blocking(move || {
+                cluster::upgrade::prepare(&dir, &raft_dir, founder, keys)
+            })
+            .await
+            .map_err(std::io::Error::other)?
+            .map_err(invalid)?
+        };
         let member = cluster::node::Cluster::start(settings, Arc::clone(&registry))
             .await
             .map_err(|error| std::io::Error::other(error.to_string()))?;
         let member = Arc::new(member);
-        let service = Self::assemble(config, placement, registry, Some(Arc::clone(&member)))?;
+        let mut service = Self::assemble(config, placement, registry, Some(Arc::clone(&member)))?;
         member.set_api(service.app.clone());
+        if let Some(import) = import {
+            tokio::spawn(cluster::upgrade::run(import, Arc::clone(&member)));
+        }
+        service.member_dir = Some(member_dir);
         Ok(service)
     }
 
@@ -292,6 +318,7 @@ impl Service {
             notifier,
             hub,
             data_dir: persistence.map(|(dir, _)| dir),
+            member_dir: None,
             stop_ticker,
             lifecycle,
             recovery_failed: Some(recovery_failed),

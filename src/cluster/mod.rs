@@ -1,10 +1,10 @@
 //! Cluster mode (issue 28, docs/cluster-design.md): ttlwheel replicated with openraft.
 //!
-//! **In progress** (steps 1-4 of the design's order of work): the storage openraft runs on, the
-//! lease rules and their glue, the network, the peer listener and the member itself; expiry
-//! through the log, events from committed entries. On only with `--node-id`
-//! (`Service::start_member`); a single node never touches it. Not yet: joining and removing
-//! members, TTL changes through the log, log-numbered event ids.
+//! **In progress**: the storage openraft runs on, the lease rules and their glue, the network,
+//! the peer listener and the member itself; expiry, TTL changes and event numbering through
+//! the log; membership changes; the upgrade from a single node. On only with `--node-id`
+//! (`Service::start_member`); a single node never touches it. Not yet: one webhook delivery in
+//! all (every member delivers, under one id), SSE ids from the log.
 //!
 //! - [`node`]: a running member ([`node::Cluster`]): storage, openraft, bootstrap, proposals,
 //!   forwarding, the status `GET /v1/cluster` shows.
@@ -25,6 +25,8 @@
 //!   `--join`.
 //! - [`metrics`]: the member's Prometheus metrics (Raft's state read at each scrape, and
 //!   [`metrics::ClusterStats`], what the tasks count).
+//! - [`upgrade`]: a single node's data directory made a cluster's first member (its keys
+//!   imported through the log by the founder).
 //! - [`snapshot`]: the snapshot file (the single-node snapshot's frames behind a header that
 //!   says which log id and membership it covers), its builder, reading it back.
 //!
@@ -45,6 +47,7 @@ pub mod signals;
 pub mod snapshot;
 pub mod state_machine;
 pub mod types;
+pub mod upgrade;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};

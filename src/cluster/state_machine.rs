@@ -107,6 +107,16 @@ impl StateMachine {
                 }
                 n_records
             }
+            EntryPayload::Normal(Command::Import(records)) => {
+                let n_records = records.len();
+                // The generation, as for a write: the entry's index.
+                let generation = crate::registry::generation_of(log_index);
+                for record in records {
+                    self.registry
+                        .restore_with_generation(record, generation, now);
+                }
+                n_records
+            }
             EntryPayload::Normal(Command::Expiries(keys)) => {
                 self.registry.apply_expiries(&keys, log_index, now);
                 keys.len()

@@ -66,6 +66,10 @@ pub enum Command {
     /// The keys the leader renewed since its last checkpoint, with the time each had left:
     /// the other members' deadlines, should one of them lead next.
     Checkpoint(Vec<CheckpointItem>),
+    /// Keys a single node's data directory held, brought into the cluster by its founding
+    /// member (the upgrade path, `cluster::upgrade`): applied as recovery applies them
+    /// (`Registry::restore`), with no events, as a restart publishes none.
+    Import(Vec<Record>),
 }
 
 /// A command that cannot be read back.
@@ -89,6 +93,8 @@ const WRITES: u8 = 1;
 const EXPIRIES: u8 = 2;
 /// The tag of [`Command::Checkpoint`].
 const CHECKPOINT: u8 = 3;
+/// The tag of [`Command::Import`].
+const IMPORT: u8 = 4;
 
 impl Command {
     /// Appends the command's encoding to `out`: a tag and the number of items (u32 LE), then
@@ -97,19 +103,8 @@ impl Command {
     /// left (u64 LE) and key. A key is its length (u16 LE) and its bytes.
     pub fn encode(&self, out: &mut Vec<u8>) {
         match self {
-            Self::Writes(records) => {
-                out.push(WRITES);
-                let n = u32::try_from(records.len()).expect("a command holds far fewer records");
-                out.extend_from_slice(&n.to_le_bytes());
-                for record in records {
-                    let start = out.len();
-                    out.extend_from_slice(&[0; 4]);
-                    record.encode(out);
-                    let len = u32::try_from(out.len() - start - 4)
-                        .expect("a record is far smaller than 4 GiB");
-                    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
-                }
-            }
+            Self::Writes(records) => put_records(out, WRITES, records),
+            Self::Import(records) => put_records(out, IMPORT, records),
             Self::Expiries(keys) => {
                 put_header(out, EXPIRIES, keys.len());
                 for (key, generation) in keys {
@@ -133,6 +128,7 @@ impl Command {
         let (&tag, mut rest) = bytes.split_first().ok_or(CommandError::Truncated)?;
         let command = match tag {
             WRITES => Self::Writes(decode_records(&mut rest)?),
+            IMPORT => Self::Import(decode_records(&mut rest)?),
             EXPIRIES => Self::Expiries(decode_items(&mut rest, 4 + 2, |rest, index| {
                 let generation = take_u32(rest)?;
                 Ok((take_key(rest, index)?, generation))
@@ -153,6 +149,19 @@ impl Command {
             0 => Ok(command),
             left => Err(CommandError::TrailingBytes(left)),
         }
+    }
+}
+
+/// A tag, the number of records (u32 LE), then each record as its length (u32 LE) and its
+/// `Record::encode` bytes.
+fn put_records(out: &mut Vec<u8>, tag: u8, records: &[Record]) {
+    put_header(out, tag, records.len());
+    for record in records {
+        let start = out.len();
+        out.extend_from_slice(&[0; 4]);
+        record.encode(out);
+        let len = u32::try_from(out.len() - start - 4).expect("a record is far smaller than 4 GiB");
+        out[start..start + 4].copy_from_slice(&len.to_le_bytes());
     }
 }
 
@@ -306,6 +315,7 @@ mod tests {
                 remaining_ms: 29_750,
             }]),
             Command::Expiries(Vec::new()),
+            Command::Import((0..3).map(record).collect()),
         ];
         for command in commands {
             let mut bytes = Vec::new();

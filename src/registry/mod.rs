@@ -50,7 +50,7 @@ pub use ops::{
     ExpireAt, ExpireCondition, ExpireOutcome, ExpiredView, Heartbeat, HeartbeatOutcome, KeyCounts,
     KeyState, KeyView, RegistryError, ServiceCounts, ServicesOverview,
 };
-pub use replicated::Logged;
+pub use replicated::{generation_of, Logged};
 pub use services::{ServiceId, MAX_SERVICES};
 pub use shard::CheckpointItem;
 pub use sweep::{SweepReport, SWEEP_CHUNK};

@@ -45,6 +45,17 @@ fn free_port() -> SocketAddr {
 impl Cluster {
     /// Starts `n` members founding one cluster (ids 1..=n), each with `extra` flags.
     pub async fn start(name: &str, n: u64, extra: &[&str]) -> Self {
+        Self::start_seeded(name, n, extra, None).await
+    }
+
+    /// [`Cluster::start`], with member `seed.0`'s data directory moved in from `seed.1` (a
+    /// single node's, say) instead of empty.
+    pub async fn start_seeded(
+        name: &str,
+        n: u64,
+        extra: &[&str],
+        seed: Option<(u64, PathBuf)>,
+    ) -> Self {
         let peers: BTreeMap<u64, SocketAddr> = (1..=n).map(|id| (id, free_port())).collect();
         let initial = peers
             .iter()
@@ -68,6 +79,9 @@ impl Cluster {
                 std::process::id()
             ));
             let _ = std::fs::remove_dir_all(&dir);
+            if let Some((_, from)) = seed.as_ref().filter(|(seeded, _)| *seeded == id) {
+                std::fs::rename(from, &dir).expect("the seed directory moves in");
+            }
             let mut args: Vec<String> = [
                 "--listen",
                 "127.0.0.1:0",
@@ -340,6 +354,21 @@ impl Cluster {
         for link in self.links.values() {
             link.heal();
         }
+    }
+
+    /// Member `id`'s data directory (its `--data-dir`).
+    pub fn data_dir(&self, id: u64) -> PathBuf {
+        let args = &self.members[&id].args;
+        let at = args
+            .iter()
+            .position(|arg| arg == "--data-dir")
+            .expect("every member has a --data-dir");
+        PathBuf::from(&args[at + 1])
+    }
+
+    /// Running member `id`'s whole log.
+    pub fn log_of(&self, id: u64) -> Vec<String> {
+        self.process(id).log()
     }
 
     /// Every running member's log, for a failure's message.

@@ -7,3 +7,4 @@ pub mod history;
 pub mod membership;
 pub mod scenarios;
 pub mod ttl;
+pub mod upgrade;

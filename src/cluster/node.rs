@@ -501,6 +501,16 @@ impl Cluster {
         }
     }
 
+    /// Milliseconds since this member last heard from the leader (0 on the leader itself);
+    /// `None` before it has heard from any.
+    pub fn last_contact_ms(&self) -> Option<u64> {
+        if self.is_leader() {
+            return Some(0);
+        }
+        let contact = *self.leader_contact.lock();
+        contact.map(|at| at.elapsed().as_millis() as u64)
+    }
+
     /// The index of the last entry applied here (0 before any).
     pub fn applied_index(&self) -> u64 {
         let metrics = self.raft.metrics();

@@ -91,9 +91,12 @@ pub async fn forward_to_leader(
     if !needs_leader(request.method(), request.uri().path(), consistency) {
         let mut response = next.run(request).await;
         let applied = cluster.applied_index();
-        response
-            .headers_mut()
-            .insert("x-ttlwheel-applied-index", HeaderValue::from(applied));
+        let headers = response.headers_mut();
+        headers.insert("x-ttlwheel-applied-index", HeaderValue::from(applied));
+        // Consul's X-Consul-LastContact: how stale this answer may be.
+        if let Some(ms) = cluster.last_contact_ms() {
+            headers.insert("x-ttlwheel-last-contact", HeaderValue::from(ms));
+        }
         return response;
     }
     if cluster.is_leader() {

@@ -136,6 +136,25 @@ async fn three_members_elect_one_leader_and_a_write_through_a_follower_reaches_e
         text.contains("ttlwheel_cluster_replication_lag_entries{member="),
         "{text}"
     );
+    // A stale read on a follower says how stale it may be.
+    let answer = reqwest::get(format!(
+        "{}/v1/keys/a?consistency=stale",
+        cluster.base(follower)
+    ))
+    .await
+    .expect("a stale read");
+    let header = |name: &str| {
+        answer
+            .headers()
+            .get(name)
+            .and_then(|value| value.to_str().ok()?.parse::<u64>().ok())
+    };
+    assert!(header("x-ttlwheel-applied-index").is_some_and(|index| index >= 2));
+    let contact = header("x-ttlwheel-last-contact");
+    assert!(
+        contact.is_some_and(|ms| ms < 10_000),
+        "a follower in touch with its leader: {contact:?}"
+    );
     let text = metrics_text(&cluster, follower).await;
     assert_eq!(
         metric_value(&text, "ttlwheel_cluster_role"),

@@ -1,7 +1,10 @@
 //! Cluster mode against real processes (issue 28): a harness that starts members with a fault
-//! proxy on every peer link, the scenarios run on it, and the pure history checker the fault
-//! scenarios will feed.
+//! proxy on every peer link, the scenarios run on it, the pure history checker the fault
+//! scenarios feed, the keep-alive clients that record their histories, and the failover
+//! scenarios under load.
 
+pub mod driver;
+pub mod failover;
 pub mod harness;
 pub mod history;
 pub mod scenarios;

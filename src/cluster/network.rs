@@ -22,8 +22,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::error::{
-    Fatal, NetworkError, RPCError, RaftError, RemoteError, ReplicationClosed, StreamingError,
-    Unreachable,
+    Fatal, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, ReplicationClosed,
+    StreamingError, Unreachable,
 };
 use openraft::network::{Backoff, RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -225,6 +225,30 @@ pub struct PeerClient {
     peers: Arc<Peers>,
 }
 
+/// The most bytes of JSON one AppendEntries carries (when it holds more than one entry).
+/// openraft 0.9 caps a payload by entries, not bytes, and cuts the request off after its
+/// `heartbeat_interval` (150 ms), then sends the same payload again: entries of thousands of
+/// records made payloads a follower could not take in that time on a loaded machine (a debug
+/// build, in the failover tests' burst of batches), and replication stalled for good.
+/// openraft's `PayloadTooLarge` answer makes it send fewer.
+pub const MAX_APPEND_BYTES: usize = 256 * 1024;
+
+/// How many of `entries`, from the first, fit in [`MAX_APPEND_BYTES`] (at least one): by
+/// their commands' approximate encodings, as base64 in JSON (4/3 of it).
+fn entries_that_fit(entries: &[openraft::Entry<TypeConfig>]) -> usize {
+    let mut bytes = 0;
+    for (n, entry) in entries.iter().enumerate() {
+        bytes += match &entry.payload {
+            openraft::EntryPayload::Normal(command) => command.approx_len() * 4 / 3 + 64,
+            _ => 256,
+        };
+        if bytes > MAX_APPEND_BYTES {
+            return n.max(1);
+        }
+    }
+    entries.len()
+}
+
 /// What a peer answers an RPC: openraft's result, as JSON.
 type Answer<T> = Result<T, RaftError<NodeId>>;
 
@@ -240,6 +264,16 @@ impl PeerClient {
         timeout: Duration,
     ) -> Result<(Resp, Instant), RpcError> {
         let body = serde_json::to_vec(request).map_err(|error| network_error(&error))?;
+        self.rpc_body(path, body, timeout).await
+    }
+
+    /// [`PeerClient::rpc`] with the request already serialized.
+    async fn rpc_body<Resp: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<(Resp, Instant), RpcError> {
         let sent_at = Instant::now();
         let (status, answer) = self
             .peers
@@ -295,7 +329,20 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RpcError> {
         let term = rpc.vote.leader_id().term;
-        let (answer, sent_at) = self.rpc(route::APPEND, &rpc, option.hard_ttl()).await?;
+        let fit = entries_that_fit(&rpc.entries);
+        if fit < rpc.entries.len() {
+            // Fewer entries, at once (openraft keeps the hint for the next requests). Sized
+            // before serializing: a payload serialized only to be refused costs the CPU of
+            // sending it.
+            let hint = u64::try_from(fit).unwrap_or(1);
+            return Err(RPCError::PayloadTooLarge(
+                PayloadTooLarge::new_entries_hint(hint),
+            ));
+        }
+        let body = serde_json::to_vec(&rpc).map_err(|error| network_error(&error))?;
+        let (answer, sent_at) = self
+            .rpc_body(route::APPEND, body, option.hard_ttl())
+            .await?;
         // Any answer but "a higher vote" acknowledges this leader's term (design section 6):
         // the peer then refuses votes until `sent_at + election_timeout_max`.
         if !matches!(answer, AppendEntriesResponse::HigherVote(_)) {

@@ -236,6 +236,8 @@ fn raft_config(
         heartbeat_interval: HEARTBEAT_INTERVAL,
         election_timeout_min: election_min.as_millis() as u64,
         election_timeout_max: election_max.as_millis() as u64,
+        // By count; `network::MAX_APPEND_BYTES` caps a payload's bytes (an entry holds up
+        // to 4,096 records, and openraft 0.9 cuts an AppendEntries off after 150 ms).
         max_payload_entries: 64,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(1_000_000),
         ..Default::default()

@@ -97,6 +97,17 @@ const CHECKPOINT: u8 = 3;
 const IMPORT: u8 = 4;
 
 impl Command {
+    /// About how many bytes the command's encoding takes, without encoding it (the network
+    /// sizes payloads with it): a record as 128 bytes (a key's state with a short key and
+    /// little metadata), an expiry or checkpoint item by its key.
+    pub fn approx_len(&self) -> usize {
+        match self {
+            Self::Writes(records) | Self::Import(records) => records.len() * 128,
+            Self::Expiries(keys) => keys.iter().map(|(key, _)| 6 + key.as_str().len()).sum(),
+            Self::Checkpoint(items) => items.iter().map(|item| 14 + item.key.as_str().len()).sum(),
+        }
+    }
+
     /// Appends the command's encoding to `out`: a tag and the number of items (u32 LE), then
     /// for `Writes` each record as its length (u32 LE) and its `Record::encode` bytes; for
     /// `Expiries` each generation (u32 LE) and key; for `Checkpoint` each generation, time

@@ -60,7 +60,12 @@ impl Registry {
         if !report.more {
             spent += self.sweep_heap(now, budget - spent, &mut report);
         }
-        self.guard_saw_expiries(now, report.n_expired);
+        // A member's sweep only marks keys expiring; each is counted when its expiry entry is
+        // applied (`apply_expiries`), on every member alike, and only if it did expire (a key
+        // renewed meanwhile is not). Counting here too counted the leader's twice.
+        if !self.config.replicated {
+            self.guard_saw_expiries(now, report.n_expired);
+        }
         debug_assert!(
             spent <= budget + SWEEP_CHUNK,
             "a sweep call stays near its budget"

@@ -4,13 +4,18 @@
 //! any one direction between two members without root or network namespaces.
 //!
 //! Every process is killed by PID when its [`Member`] is dropped (the harness drops them all
-//! when a test fails too), and each wait is bounded ([`WAIT`]): a test never hangs.
+//! when a test fails too), and each wait is bounded ([`WAIT`]): a test never hangs. A member
+//! can be killed (`kill -9`), paused and resumed (`kill -STOP`/`-CONT`, by PID) and isolated;
+//! an [`EventTap`] follows a member's live stream (`GET /v1/events`) and keeps every frame
+//! with the instant it arrived.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 use ttlwheel_faultproxy::{Fault, Link, LinkHandle};
@@ -54,6 +59,23 @@ impl Cluster {
         name: &str,
         n: u64,
         extra: &[&str],
+        seed: Option<(u64, PathBuf)>,
+    ) -> Self {
+        let extra: Vec<String> = extra.iter().map(|arg| (*arg).to_owned()).collect();
+        Self::start_with(name, n, |_| extra.clone(), seed).await
+    }
+
+    /// Starts `n` members founding one cluster (ids 1..=n), member `id` with `extra(id)`'s
+    /// flags (a webhook receiver of its own, say).
+    pub async fn start_each(name: &str, n: u64, extra: impl Fn(u64) -> Vec<String>) -> Self {
+        Self::start_with(name, n, extra, None).await
+    }
+
+    /// [`Cluster::start_each`], with an optional seed directory as [`Cluster::start_seeded`].
+    async fn start_with(
+        name: &str,
+        n: u64,
+        extra: impl Fn(u64) -> Vec<String>,
         seed: Option<(u64, PathBuf)>,
     ) -> Self {
         let peers: BTreeMap<u64, SocketAddr> = (1..=n).map(|id| (id, free_port())).collect();
@@ -100,7 +122,7 @@ impl Cluster {
                 let link = links[&(id, to)].addr();
                 args.extend(["--peer-route".into(), format!("{to}={link}")]);
             }
-            args.extend(extra.iter().map(|arg| (*arg).to_owned()));
+            args.extend(extra(id));
             dirs.push(dir);
             let process = Some(Server::spawn(&args, &[]));
             members.insert(id, Member { id, process, args });
@@ -245,12 +267,18 @@ impl Cluster {
 
     /// Every alive key member `id` has applied, sorted (pages of 1,000).
     pub async fn stale_keys(&self, id: u64) -> Option<Vec<String>> {
+        self.stale_keys_in(id, "alive").await
+    }
+
+    /// Every key in `state` (`alive`, `expired`) that member `id` has applied, sorted.
+    pub async fn stale_keys_in(&self, id: u64, state: &str) -> Option<Vec<String>> {
         let mut keys = Vec::new();
         let mut cursor: Option<String> = None;
         loop {
             let mut url = reqwest::Url::parse(&format!("{}/v1/keys", self.base(id))).ok()?;
             url.query_pairs_mut()
                 .append_pair("consistency", "stale")
+                .append_pair("state", state)
                 .append_pair("limit", "1000");
             if let Some(cursor) = &cursor {
                 url.query_pairs_mut().append_pair("cursor", cursor);
@@ -278,6 +306,33 @@ impl Cluster {
         let process = member.process.take().expect("running");
         process.signal("-KILL");
         drop(process);
+    }
+
+    /// `kill -STOP` member `id`, and waits until every thread of it is stopped (`kill`
+    /// returns before they all are: a thread may still answer a request meanwhile). From then
+    /// on it keeps its sockets but runs nothing until resumed.
+    pub async fn pause(&self, id: u64) {
+        let process = self.process(id);
+        process.signal("-STOP");
+        let tasks = format!("/proc/{}/task", process.pid());
+        let started = std::time::Instant::now();
+        while !all_stopped(&tasks) {
+            assert!(
+                started.elapsed() < WAIT,
+                "member {id} is not stopped {WAIT:?} after SIGSTOP"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// `kill -CONT` member `id`.
+    pub fn resume(&self, id: u64) {
+        self.process(id).signal("-CONT");
+    }
+
+    /// Member `id`'s applied log index, per `GET /v1/cluster`.
+    pub async fn applied_index(&self, id: u64) -> Option<u64> {
+        self.status(id).await?["applied_index"].as_u64()
     }
 
     /// Starts member `id` again with its flags and data directory.
@@ -397,4 +452,135 @@ impl Drop for Cluster {
             let _ = std::fs::remove_dir_all(dir);
         }
     }
+}
+
+/// Whether every thread under `tasks` (`/proc/<pid>/task`) is stopped (state `T`).
+fn all_stopped(tasks: &str) -> bool {
+    let Ok(threads) = std::fs::read_dir(tasks) else {
+        return false;
+    };
+    threads.flatten().all(|thread| {
+        let stat = std::fs::read_to_string(thread.path().join("stat")).unwrap_or_default();
+        // `pid (comm) state ...`: the state follows the last parenthesis.
+        let state = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next());
+        state == Some('T')
+    })
+}
+
+/// One frame of a member's live stream (`GET /v1/events`) as the test received it.
+#[derive(Clone, Debug)]
+pub struct StreamFrame {
+    /// `<run>-<seq>`: the member's own numbering (not the log's).
+    pub id: String,
+    /// `registered`, `expired`, `deleted`, `reset`, ...
+    pub event: String,
+    pub data: Value,
+    pub received: std::time::Instant,
+}
+
+/// A member's live stream, followed from when [`EventTap::follow`] returns until the tap is
+/// dropped (its reading task is aborted then) or the stream ends (recorded, not retried: a
+/// stream that ends is incomplete, which the test must know).
+pub struct EventTap {
+    frames: Arc<Mutex<Vec<StreamFrame>>>,
+    ended: Arc<Mutex<Option<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl EventTap {
+    /// Connects to `base`'s stream; returns once the member answered 200 (events from then on
+    /// are received).
+    pub async fn follow(base: &str) -> Self {
+        // No overall timeout: the stream lasts the whole test.
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .expect("a client");
+        let response = client
+            .get(format!("{base}/v1/events"))
+            .send()
+            .await
+            .expect("the stream answers");
+        assert_eq!(response.status(), StatusCode::OK, "GET {base}/v1/events");
+        let frames = Arc::new(Mutex::new(Vec::new()));
+        let ended = Arc::new(Mutex::new(None));
+        let task = tokio::spawn(read_frames(
+            response,
+            Arc::clone(&frames),
+            Arc::clone(&ended),
+        ));
+        Self {
+            frames,
+            ended,
+            task,
+        }
+    }
+
+    /// Every frame received so far, in order.
+    pub fn frames(&self) -> Vec<StreamFrame> {
+        self.frames.lock().clone()
+    }
+
+    /// Why the stream ended, if it did.
+    pub fn ended(&self) -> Option<String> {
+        self.ended.lock().clone()
+    }
+}
+
+impl Drop for EventTap {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Reads SSE frames (`id:`, `event:`, `data:` lines, a blank line after each) until the
+/// stream ends; comments (keep-alives) are skipped.
+async fn read_frames(
+    mut response: reqwest::Response,
+    frames: Arc<Mutex<Vec<StreamFrame>>>,
+    ended: Arc<Mutex<Option<String>>>,
+) {
+    let mut pending: Vec<u8> = Vec::new();
+    loop {
+        let chunk = match response.chunk().await {
+            Ok(Some(chunk)) => chunk,
+            Ok(None) => {
+                *ended.lock() = Some("the member closed the stream".into());
+                return;
+            }
+            Err(error) => {
+                *ended.lock() = Some(format!("the stream failed: {error}"));
+                return;
+            }
+        };
+        let received = std::time::Instant::now();
+        pending.extend_from_slice(&chunk);
+        while let Some(end) = pending.windows(2).position(|pair| pair == b"\n\n") {
+            let frame: Vec<u8> = pending.drain(..end + 2).collect();
+            if let Some(frame) = parse_frame(&String::from_utf8_lossy(&frame), received) {
+                frames.lock().push(frame);
+            }
+        }
+    }
+}
+
+fn parse_frame(text: &str, received: std::time::Instant) -> Option<StreamFrame> {
+    let (mut id, mut event, mut data) = (None, None, None);
+    for line in text.lines() {
+        if let Some(value) = line.strip_prefix("id: ") {
+            id = Some(value.to_owned());
+        } else if let Some(value) = line.strip_prefix("event: ") {
+            event = Some(value.to_owned());
+        } else if let Some(value) = line.strip_prefix("data: ") {
+            data = Some(serde_json::from_str(value).unwrap_or(Value::Null));
+        }
+    }
+    Some(StreamFrame {
+        id: id.unwrap_or_default(),
+        event: event?,
+        data: data.unwrap_or(Value::Null),
+        received,
+    })
 }

@@ -1,7 +1,11 @@
 //! Cluster mode against real processes (issue 28): a harness that starts members with a fault
-//! proxy on every peer link, the scenarios run on it, TTL changes through the log (`ttl`), and
-//! the pure history checker the fault scenarios will feed.
+//! proxy on every peer link, the scenarios run on it, membership, the upgrade from a single
+//! node, TTL changes through the log (`ttl`), the pure history checker the fault scenarios
+//! feed, the keep-alive clients that record their histories, and the failover scenarios under
+//! load.
 
+pub mod driver;
+pub mod failover;
 pub mod harness;
 pub mod history;
 pub mod membership;

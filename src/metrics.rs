@@ -210,7 +210,7 @@ pub struct Live {
 }
 
 /// A gauge without labels.
-fn gauge1(
+pub(crate) fn gauge1(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
@@ -220,7 +220,7 @@ fn gauge1(
 }
 
 /// A counter without labels.
-fn counter1(
+pub(crate) fn counter1(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,

@@ -14,13 +14,13 @@ use std::sync::Arc;
 use openraft::{Raft, ServerState};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::MetricType;
 
 use super::log_store::LogStore;
 use super::types::{NodeId, TypeConfig};
+use crate::metrics::{counter1, gauge1};
 
 /// What the member counts as things happen; shared by the tasks that do them.
 #[derive(Debug)]
@@ -97,27 +97,14 @@ fn role_value(state: ServerState) -> f64 {
     }
 }
 
-fn gauge(
-    encoder: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    value: f64,
-) -> Result<(), std::fmt::Error> {
-    ConstGauge::new(value).encode(encoder.encode_descriptor(name, help, None, MetricType::Gauge)?)
-}
-
+/// A counter read from one of [`ClusterStats`]' atomics.
 fn counter(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
     value: &AtomicU64,
 ) -> Result<(), std::fmt::Error> {
-    ConstCounter::new(value.load(Ordering::Relaxed)).encode(encoder.encode_descriptor(
-        name,
-        help,
-        None,
-        MetricType::Counter,
-    )?)
+    counter1(encoder, name, help, value.load(Ordering::Relaxed))
 }
 
 impl Collector for ClusterCollector {
@@ -126,43 +113,43 @@ impl Collector for ClusterCollector {
         let last_log = metrics.last_log_index.unwrap_or(0);
         let committed = self.log.committed().map_or(0, |log_id| log_id.index);
         let applied = metrics.last_applied.map_or(0, |log_id| log_id.index);
-        gauge(
+        gauge1(
             &mut encoder,
             "ttlwheel_cluster_role",
             "This member's role: 0 learner, 1 follower, 2 candidate, 3 leader, -1 stopped.",
             role_value(metrics.state),
         )?;
-        gauge(
+        gauge1(
             &mut encoder,
             "ttlwheel_cluster_term",
             "The Raft term this member is in.",
             metrics.current_term as f64,
         )?;
-        gauge(
+        gauge1(
             &mut encoder,
             "ttlwheel_cluster_leader_id",
             "The leader this member knows (0: none).",
             metrics.current_leader.unwrap_or(0) as f64,
         )?;
-        gauge(
+        gauge1(
             &mut encoder,
             "ttlwheel_cluster_last_log_index",
             "The last entry in this member's log.",
             last_log as f64,
         )?;
-        gauge(
+        gauge1(
             &mut encoder,
             "ttlwheel_cluster_committed_index",
             "The last entry this member knows committed on a quorum.",
             committed as f64,
         )?;
-        gauge(
+        gauge1(
             &mut encoder,
             "ttlwheel_cluster_applied_index",
             "The last entry this member applied to its keys.",
             applied as f64,
         )?;
-        gauge(
+        gauge1(
             &mut encoder,
             "ttlwheel_cluster_quorum_ack_age_seconds",
             "On the leader: time since a quorum last acknowledged it (-1 elsewhere); past the fence it answers no_quorum.",

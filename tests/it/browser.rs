@@ -79,11 +79,7 @@ async fn a_members_dashboard_shows_the_members_and_the_leader() {
     tools::require(&[Tool::Chromium, Tool::Node, Tool::BrowserPackages]);
     let cluster = crate::cluster::harness::Cluster::start("browser", 3, &[]).await;
     let leader = cluster.leader().await;
-    let follower = cluster
-        .running()
-        .into_iter()
-        .find(|&id| id != leader)
-        .expect("a follower");
+    let follower = cluster.running_other_than(&[leader]);
     let args = vec![cluster.base(follower), leader.to_string(), "3".to_owned()];
     run_scenario("cluster.mjs", args, "ok: the cluster's dashboard works").await;
 }

@@ -22,6 +22,12 @@ use ttlwheel_faultproxy::{Fault, Link, LinkHandle};
 
 use crate::process::Server;
 
+/// Members print a start-up error as one line, not a backtrace that would push it out of
+/// the log tail a failing test shows.
+fn no_backtrace() -> [(&'static str, &'static std::ffi::OsStr); 1] {
+    [("RUST_BACKTRACE", std::ffi::OsStr::new("0"))]
+}
+
 /// The longest any wait for the cluster lasts before the test fails.
 pub const WAIT: Duration = Duration::from_secs(30);
 
@@ -41,10 +47,32 @@ pub struct Cluster {
     pub client: reqwest::Client,
 }
 
-/// A free port on 127.0.0.1 (bound and released: the member binds it right after).
+/// A free port on 127.0.0.1 for a member's peer listener (bound and released: the member
+/// binds it right after). Taken below Linux's ephemeral range (32768-60999), where the kernel
+/// never hands out ports for `:0` binds and outgoing connections: a port from that range,
+/// released, was sometimes given to another test's listener or connection before the member
+/// bound it, and the member failed to start. Chosen at random and tried, so parallel tests
+/// rarely pick the same one (and a bind check catches most of those).
 fn free_port() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    listener.local_addr().expect("its address")
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let seed = u64::from(std::process::id()) << 20
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |now| u64::from(now.subsec_nanos()));
+    for _ in 0..1000 {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        // A cheap mix of the seed and a counter (splitmix64's finalizer).
+        let mut x = seed.wrapping_add(n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        x ^= x >> 31;
+        let port = 20_000 + (x % 12_000) as u16;
+        if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            return listener.local_addr().expect("its address");
+        }
+    }
+    panic!("no free port below the ephemeral range after 1,000 tries");
 }
 
 impl Cluster {
@@ -124,7 +152,7 @@ impl Cluster {
             }
             args.extend(extra(id));
             dirs.push(dir);
-            let process = Some(Server::spawn(&args, &[]));
+            let process = Some(Server::spawn(&args, &no_backtrace()));
             members.insert(id, Member { id, process, args });
         }
         ttlwheel::notify::install_tls_provider();
@@ -158,6 +186,14 @@ impl Cluster {
             .filter(|member| member.process.is_some())
             .map(|member| member.id)
             .collect()
+    }
+
+    /// A running member that is none of `but` (a follower, given the leader).
+    pub fn running_other_than(&self, but: &[u64]) -> u64 {
+        self.running()
+            .into_iter()
+            .find(|id| !but.contains(id))
+            .unwrap_or_else(|| panic!("no running member but {but:?}"))
     }
 
     /// `GET /v1/cluster` on member `id`, if it answers.
@@ -339,7 +375,7 @@ impl Cluster {
     pub fn restart(&mut self, id: u64) {
         let member = self.members.get_mut(&id).expect("a member");
         assert!(member.process.is_none(), "member {id} is running");
-        member.process = Some(Server::spawn(&member.args, &[]));
+        member.process = Some(Server::spawn(&member.args, &no_backtrace()));
     }
 
     /// Starts a new member `id` that joins through member `via` (`--join`), with `extra`
@@ -361,7 +397,7 @@ impl Cluster {
         args.extend(["--data-dir".into(), dir.display().to_string()]);
         args.extend(extra.iter().map(|arg| (*arg).to_owned()));
         self.dirs.push(dir);
-        let process = Some(Server::spawn(&args, &[]));
+        let process = Some(Server::spawn(&args, &no_backtrace()));
         self.members.insert(id, Member { id, process, args });
     }
 

@@ -49,11 +49,7 @@ fn keys(prefix: &str, n: usize) -> Vec<String> {
 async fn a_member_joins_catches_up_becomes_a_voter_and_a_voter_is_removed() {
     let mut cluster = Cluster::start("members", 3, &[]).await;
     let leader = cluster.leader().await;
-    let follower = cluster
-        .running()
-        .into_iter()
-        .find(|&id| id != leader)
-        .unwrap();
+    let follower = cluster.running_other_than(&[leader]);
     let mut all = keys("before", 1000);
     register(&cluster, leader, &all).await;
 
@@ -127,16 +123,8 @@ async fn a_member_joins_catches_up_becomes_a_voter_and_a_voter_is_removed() {
     );
 
     // Remove a voter that is not the leader, through another member; then stop it.
-    let removed = cluster
-        .running()
-        .into_iter()
-        .find(|&id| id != leader && id != 4)
-        .unwrap();
-    let via = cluster
-        .running()
-        .into_iter()
-        .find(|&id| id != removed)
-        .unwrap();
+    let removed = cluster.running_other_than(&[leader, 4]);
+    let via = cluster.running_other_than(&[removed]);
     let (code, body, _) = cluster
         .call(
             via,

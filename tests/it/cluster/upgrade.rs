@@ -46,11 +46,7 @@ async fn a_single_nodes_keys_become_the_clusters_when_its_directory_founds_one()
     }
     // A key keeps its service and TTL, read on a follower.
     let leader = cluster.leader().await;
-    let follower = cluster
-        .running()
-        .into_iter()
-        .find(|&id| id != leader)
-        .unwrap();
+    let follower = cluster.running_other_than(&[leader]);
     let (status, body, _) = cluster
         .call(
             follower,

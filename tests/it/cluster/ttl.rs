@@ -342,7 +342,7 @@ async fn a_ttl_change_on_an_isolated_leader_is_refused_and_the_majoritys_is_kept
     register(&cluster, old, "a", 600).await;
     register(&cluster, old, "b", 600).await;
     cluster.isolate(old);
-    // Within its lease (320 ms) after the last acknowledgment, the leader stops serving.
+    // Within its lease (the 640 ms fence) after the last acknowledgment, the leader stops serving.
     let started = Instant::now();
     let path = "/v1/keys/a/ttl";
     loop {

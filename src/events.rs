@@ -14,7 +14,7 @@
 //! streams) drain this queue promptly into their own bounded structures, where they count what
 //! they shed. A subscriber that is dropped is unsubscribed at the next publish.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -183,6 +183,8 @@ struct Subscriber {
     sender: mpsc::UnboundedSender<Batch>,
     /// Events sent and not yet received.
     backlog: Arc<AtomicUsize>,
+    /// Events ever sent.
+    published: Arc<AtomicU64>,
 }
 
 /// Fans events out to every current subscriber.
@@ -199,6 +201,7 @@ pub struct EventReceiver {
     /// The batch being handed out, and the index of its next event.
     current: Option<(Batch, usize)>,
     backlog: Arc<AtomicUsize>,
+    published: Arc<AtomicU64>,
 }
 
 impl EventReceiver {
@@ -227,6 +230,12 @@ impl EventReceiver {
         self.backlog.load(Ordering::Relaxed)
     }
 
+    /// How many events were ever published to this subscriber, for another task to read
+    /// (it compares them with how many it has handled).
+    pub fn published_counter(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.published)
+    }
+
     fn next_in_batch(&mut self) -> Option<Event> {
         let (batch, next) = self.current.as_mut()?;
         let event = batch.get(*next)?.clone();
@@ -240,14 +249,17 @@ impl EventBus {
     pub fn subscribe(&self) -> EventReceiver {
         let (sender, receiver) = mpsc::unbounded_channel();
         let backlog = Arc::new(AtomicUsize::new(0));
+        let published = Arc::new(AtomicU64::new(0));
         self.subscribers.write().push(Subscriber {
             sender,
             backlog: Arc::clone(&backlog),
+            published: Arc::clone(&published),
         });
         EventReceiver {
             receiver,
             current: None,
             backlog,
+            published,
         }
     }
 
@@ -265,6 +277,9 @@ impl EventBus {
         let mut saw_closed = false;
         for subscriber in subscribers.iter() {
             subscriber.backlog.fetch_add(n_events, Ordering::Relaxed);
+            subscriber
+                .published
+                .fetch_add(n_events as u64, Ordering::Release);
             saw_closed |= subscriber.sender.send(Arc::clone(&batch)).is_err();
         }
         drop(subscribers);

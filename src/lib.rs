@@ -143,6 +143,22 @@ pub const SNAPSHOT_AFTER_RECORDS: u64 = 1_000_000;
 /// How often the snapshot rule is looked at.
 const SNAPSHOT_CHECK: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// The registry's bus, subscribed before anything is published: the webhooks' end and the
+/// stream's.
+struct Subscriptions {
+    webhooks: events::EventReceiver,
+    stream: events::EventReceiver,
+}
+
+impl Subscriptions {
+    fn of(registry: &Registry) -> Self {
+        Self {
+            webhooks: registry.subscribe(),
+            stream: registry.subscribe(),
+        }
+    }
+}
+
 impl Service {
     /// Builds every part from `config` and starts the background tasks (recovery from the data
     /// directory, then the ticker and snapshots; webhook delivery; the event feed), everything
@@ -156,7 +172,8 @@ impl Service {
     /// on the current one).
     pub fn start_on(config: &Config, placement: Placement) -> std::io::Result<Self> {
         let registry = Arc::new(Registry::new(registry_config(config), Instant::now()));
-        Self::assemble(config, placement, registry, None)
+        let subscriptions = Subscriptions::of(&registry);
+        Self::assemble(config, placement, registry, subscriptions, None)
     }
 
     /// [`Service::start_on`] for what `config` asks: a single node, or, with `--node-id`, a
@@ -198,11 +215,22 @@ impl Service {
             .map_err(std::io::Error::other)?
             .map_err(invalid)?
         };
-        let member = cluster::node::Cluster::start(settings, Arc::clone(&registry))
-            .await
-            .map_err(|error| std::io::Error::other(error.to_string()))?;
+        // Before the state machine applies anything: events of entries applied at start
+        // (after the snapshot) reach the webhooks and the stream.
+        let subscriptions = Subscriptions::of(&registry);
+        let webhooks = Arc::new(notify::replicated::Replication::default());
+        let member =
+            cluster::node::Cluster::start(settings, Arc::clone(&registry), Arc::clone(&webhooks))
+                .await
+                .map_err(|error| std::io::Error::other(error.to_string()))?;
         let member = Arc::new(member);
-        let mut service = Self::assemble(config, placement, registry, Some(Arc::clone(&member)))?;
+        let mut service = Self::assemble(
+            config,
+            placement,
+            registry,
+            subscriptions,
+            Some((Arc::clone(&member), webhooks)),
+        )?;
         member.set_api(service.app.clone());
         if let Some(import) = import {
             tokio::spawn(cluster::upgrade::run(import, Arc::clone(&member)));
@@ -211,14 +239,20 @@ impl Service {
         Ok(service)
     }
 
-    /// Builds every part around `registry`; `cluster`: this member's Raft feeds the registry,
-    /// and the single node's data directory is not used.
+    /// Builds every part around `registry` (`subscriptions` are its bus's, for the webhooks
+    /// and the stream); `cluster`: this member's Raft feeds the registry and shares webhook
+    /// delivery with the other members, and the single node's data directory is not used.
     fn assemble(
         config: &Config,
         placement: Placement,
         registry: Arc<Registry>,
-        cluster: Option<Arc<cluster::node::Cluster>>,
+        subscriptions: Subscriptions,
+        cluster: Option<(
+            Arc<cluster::node::Cluster>,
+            Arc<notify::replicated::Replication>,
+        )>,
     ) -> std::io::Result<Self> {
+        let (cluster, webhooks) = cluster.unzip();
         let default_ttl = Ttl::from_secs(config.default_ttl)
             .map_err(|invalid| std::io::Error::new(std::io::ErrorKind::InvalidInput, invalid))?;
         let persistence = match config.persistence().filter(|_| cluster.is_none()) {
@@ -228,7 +262,7 @@ impl Service {
             )),
             None => None,
         };
-        let notifier = Notifier::start(config.webhook_settings(), registry.subscribe())
+        let notifier = Notifier::start(config.webhook_settings(), subscriptions.webhooks, webhooks)
             .map_err(|error| std::io::Error::other(error.to_string()))?;
         let hub = Arc::new(EventHub::new(
             config.events_ring as usize,
@@ -271,7 +305,7 @@ impl Service {
             metrics.add_collector(Box::new(member.metrics_collector()));
         }
         let metrics = Arc::new(metrics);
-        let observer = tokio::spawn(stream::feed(registry.subscribe(), Arc::clone(&hub), {
+        let observer = tokio::spawn(stream::feed(subscriptions.stream, Arc::clone(&hub), {
             let metrics = Arc::clone(&metrics);
             move |event| metrics.observe(event)
         }));

@@ -30,12 +30,16 @@ use super::network::Contacts;
 use super::node::PROPOSE_TIMEOUT;
 use super::signals::LeaseSignals;
 use super::types::{Command, NodeId, TypeConfig};
+use crate::notify::replicated::Replication;
 use crate::registry::Registry;
 
 /// How often the lease task looks at Raft and the network.
 pub const POLL: Duration = Duration::from_millis(20);
 /// The most keys one `Expiries` or `Checkpoint` entry carries (design section 3).
 pub const MAX_ITEMS: usize = 4096;
+/// The most webhook reports one entry carries (~100 bytes each: an entry stays far below the
+/// network's payload cap).
+const MAX_REPORTS: usize = 1024;
 /// Slots a sweep call handles before yielding.
 const SWEEP_BUDGET: usize = 16 * 1024;
 /// The longest the sweeper sleeps while leading.
@@ -56,6 +60,8 @@ pub struct Parts {
     pub rules: LeaseRules,
     /// What the tasks count for `/metrics`.
     pub stats: Arc<ClusterStats>,
+    /// Webhook delivery: on while this member may serve; its reports proposed each tick.
+    pub webhooks: Arc<Replication>,
 }
 
 /// Starts the lease task and the sweeper.
@@ -131,6 +137,8 @@ async fn lease_task(parts: Parts) {
             Err(_) => None,
         };
         parts.signals.set_serve_until(serve_until);
+        // The member that may serve sends the webhooks; the others hold them.
+        parts.webhooks.set_delivering(serve_until.is_some());
     }
 }
 
@@ -184,6 +192,7 @@ async fn carry_out(parts: &Parts, action: Action) {
             tracing::info!(node_id = parts.id, "no longer leading");
         }
         Action::ProposeCheckpoint => {
+            propose_webhook_reports(parts);
             let items = parts.registry.take_checkpoint(Instant::now());
             if items.is_empty() {
                 return;
@@ -213,6 +222,31 @@ async fn carry_out(parts: &Parts, action: Action) {
             // The sweeper asks `LeaseSignals::may_serve` before each proposal.
         }
     }
+}
+
+/// Proposes what this member's webhook deliveries settled since the last tick (off the lease
+/// task), so the other members drop those events; reports not committed are put back.
+fn propose_webhook_reports(parts: &Parts) {
+    let reports = parts.webhooks.take_settled();
+    if reports.is_empty() {
+        return;
+    }
+    let (raft, webhooks) = (parts.raft.clone(), Arc::clone(&parts.webhooks));
+    tokio::spawn(async move {
+        let mut left = reports;
+        while !left.is_empty() {
+            let rest = left.split_off(left.len().min(MAX_REPORTS));
+            let command = Command::Webhooks(left.clone());
+            let written = tokio::time::timeout(PROPOSE_TIMEOUT, raft.client_write(command)).await;
+            if !matches!(written, Ok(Ok(_))) {
+                tracing::debug!("webhook delivery reports were not committed; kept for the next");
+                left.extend(rest);
+                webhooks.put_back(left);
+                return;
+            }
+            left = rest;
+        }
+    });
 }
 
 /// The leader's sweeper: see the module documentation.

@@ -3,8 +3,8 @@
 //! **In progress**: the storage openraft runs on, the lease rules and their glue, the network,
 //! the peer listener and the member itself; expiry, TTL changes and event numbering through
 //! the log; membership changes; the upgrade from a single node. On only with `--node-id`
-//! (`Service::start_member`); a single node never touches it. Not yet: one webhook delivery in
-//! all (every member delivers, under one id), SSE ids from the log.
+//! (`Service::start_member`); a single node never touches it. Webhooks are sent by the leader
+//! only, its reports through the log (`notify::replicated`). Not yet: SSE ids from the log.
 //!
 //! - [`node`]: a running member ([`node::Cluster`]): storage, openraft, bootstrap, proposals,
 //!   forwarding, the status `GET /v1/cluster` shows.

@@ -40,9 +40,10 @@ use super::metrics::{ClusterCollector, ClusterStats};
 use super::network::{route, Contacts, PeerNetwork, Peers};
 use super::peer_server::{self, PeerState};
 use super::signals::LeaseSignals;
-use super::state_machine::StateMachine;
+use super::state_machine::{MachineParts, StateMachine};
 use super::types::{Applied, Command, Member, NodeId, TypeConfig};
 use super::{forward, StoreError};
+use crate::notify::replicated::Replication;
 use crate::registry::Registry;
 
 /// How long a proposal may wait for its entry to be applied before the caller gives up.
@@ -255,6 +256,7 @@ impl Cluster {
     pub async fn start(
         settings: ClusterSettings,
         registry: Arc<Registry>,
+        webhooks: Arc<Replication>,
     ) -> Result<Self, ClusterError> {
         let listener =
             TcpListener::bind(settings.listen)
@@ -276,11 +278,15 @@ impl Cluster {
         };
         let (log_dir, sm_dir) = (settings.dir.join("log"), settings.dir.join("snapshots"));
         let signals = Arc::new(LeaseSignals::new(Instant::now()));
-        let (machine_registry, machine_signals) = (Arc::clone(&registry), Arc::clone(&signals));
+        let machine_parts = MachineParts {
+            registry: Arc::clone(&registry),
+            signals: Arc::clone(&signals),
+            webhooks: Arc::clone(&webhooks),
+        };
         let (log, machine) = tokio::task::spawn_blocking(move || {
             Ok::<_, StoreError>((
                 LogStore::open(&log_dir)?,
-                StateMachine::open(&sm_dir, machine_registry, machine_signals)?,
+                StateMachine::open(&sm_dir, machine_parts)?,
             ))
         })
         .await
@@ -330,6 +336,7 @@ impl Cluster {
             leader_contact: Arc::clone(&leader_contact),
             rules: settings.lease,
             stats: Arc::clone(&stats),
+            webhooks,
         });
         tasks.push(server);
         tasks.push(tokio::spawn(super::metrics::count_leader_changes(

@@ -17,8 +17,11 @@
 //!
 //! Deliberately not yet (design section 5): per-key remaining times (keys come back with
 //! `Expiry::Relative`, so an installing follower gives each its whole TTL from the install, as
-//! a restart does: a dead key may live up to a TTL longer if that member is promoted), and
-//! webhook records (the notifier is not replicated yet).
+//! a restart does: a dead key may live up to a TTL longer if that member is promoted).
+//!
+//! After the keys come the notifier's held events and dead letters (`WebhookQueued`,
+//! `DeadLetter` records, their URLs named by place: `#0`, `#1`...), read once every event of
+//! the entries applied so far has reached the outboxes (`Replication::caught_up`).
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -31,6 +34,7 @@ use super::types::{
     LogId, Snapshot, SnapshotFile, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
 use super::{io_error, numbered_files, storage_error, sync_dir, StoreError};
+use crate::notify::replicated::Replication;
 use crate::persist::log::{self, Format, Tail, MAGIC_LEN, MAX_FRAME_LEN, SNAPSHOT_MAGIC};
 use crate::persist::record::Record;
 use crate::registry::Registry;
@@ -237,6 +241,8 @@ pub fn remove_older(dir: &Path, keep: &Path) -> Result<(), StoreError> {
 pub struct SnapshotBuilder {
     /// Read shard by shard.
     pub(super) registry: Arc<Registry>,
+    /// The notifier's held events and dead letters, written after the keys.
+    pub(super) webhooks: Arc<Replication>,
     /// Where snapshots are written.
     pub(super) dir: PathBuf,
     /// What the snapshot covers: the state machine's at the builder's creation.
@@ -259,8 +265,16 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             snapshot_id,
         };
         let (registry, dir, header) = (Arc::clone(&self.registry), self.dir.clone(), meta.clone());
+        // Every event of the entries applied so far is in the outboxes before they are read.
+        self.webhooks.caught_up().await;
+        let webhook_records = self.webhooks.durable_records();
         let written = tokio::task::spawn_blocking(move || {
-            write(&dir, &header, registry.state_records_with_generations())
+            let webhooks = webhook_records.into_iter().map(|record| (record, 0));
+            write(
+                &dir,
+                &header,
+                registry.state_records_with_generations().chain(webhooks),
+            )
         })
         .await
         .map_err(|error| StoreError::Task(error.to_string()))

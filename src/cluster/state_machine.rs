@@ -16,9 +16,12 @@
 //! records), after the file has been read through once and found whole, so a damaged
 //! snapshot changes nothing.
 //!
-//! Not yet (later steps of the design): event and webhook ids derived from log indexes (the
-//! stream and the notifier number events themselves, per member), and events of entries
-//! re-applied after a restart are published again (at-least-once).
+//! Events carry their log id (`n << 16 | i`), which webhooks use as their `webhook-id`.
+//! `Webhooks` entries are the leader's delivery reports: every other member's notifier drops
+//! what they name (`notify::replicated`); the leader that wrote them skips them. A snapshot
+//! holds the notifier's held events and dead letters after the keys, and loading one replaces
+//! them. Events of entries re-applied after a restart are published again (at least once,
+//! same ids); SSE ids are still each member's own (a later step).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -34,12 +37,25 @@ use super::types::{
     StoredMembership, TypeConfig,
 };
 use super::{io_error, storage_error, sync_dir, StoreError};
+use crate::notify::replicated::Replication;
 use crate::registry::Registry;
+
+/// What a state machine applies entries to.
+pub struct MachineParts {
+    /// The one door every change goes through.
+    pub registry: Arc<Registry>,
+    /// Shared with the lease task: blank entries applied, the term this member leads.
+    pub signals: Arc<LeaseSignals>,
+    /// The webhook outboxes' share of the cluster: reports applied, snapshots' records.
+    pub webhooks: Arc<Replication>,
+}
 
 /// See the module documentation.
 pub struct StateMachine {
     /// The one door every change goes through.
     registry: Arc<Registry>,
+    /// Webhook reports applied, the notifier's records in snapshots.
+    webhooks: Arc<Replication>,
     /// Where snapshots (and snapshots being received) live.
     dir: PathBuf,
     /// The last entry applied (or covered by the installed snapshot).
@@ -54,11 +70,12 @@ impl StateMachine {
     /// A state machine over `registry` (empty: this fills it) with its snapshots in `dir`
     /// (created if needed): the newest snapshot there is loaded into the registry. Leftover
     /// `.tmp` files (a snapshot half written or received before a crash) are deleted.
-    pub fn open(
-        dir: &Path,
-        registry: Arc<Registry>,
-        signals: Arc<LeaseSignals>,
-    ) -> Result<Self, StoreError> {
+    pub fn open(dir: &Path, parts: MachineParts) -> Result<Self, StoreError> {
+        let MachineParts {
+            registry,
+            signals,
+            webhooks,
+        } = parts;
         std::fs::create_dir_all(dir).map_err(io_error(dir))?;
         for entry in std::fs::read_dir(dir).map_err(io_error(dir))? {
             let path = entry.map_err(io_error(dir))?.path();
@@ -68,17 +85,14 @@ impl StateMachine {
         }
         let mut machine = Self {
             registry,
+            webhooks,
             dir: dir.to_owned(),
             last_applied: None,
             membership: StoredMembership::default(),
             signals,
         };
         if let Some((_, file)) = snapshot::newest(dir)? {
-            let now = Instant::now();
-            let registry = &machine.registry;
-            let meta = snapshot::read(&file.path, |record, generation| {
-                registry.restore_with_generation(record, generation, now)
-            })?;
+            let meta = load(&machine.registry, &machine.webhooks, &file.path)?;
             machine.last_applied = meta.last_log_id;
             machine.membership = meta.last_membership;
         }
@@ -121,6 +135,13 @@ impl StateMachine {
                 self.registry.apply_expiries(&keys, log_index, now);
                 keys.len()
             }
+            EntryPayload::Normal(Command::Webhooks(reports)) => {
+                // The leader that sent them has settled them already.
+                if self.signals.leading_term() != term {
+                    self.webhooks.apply(&reports, now);
+                }
+                reports.len()
+            }
             EntryPayload::Normal(Command::Checkpoint(items)) => {
                 // The leader that took it keeps its own deadlines, which are exact.
                 if self.signals.leading_term() != term {
@@ -140,10 +161,31 @@ impl StateMachine {
     }
 }
 
+/// Reads the snapshot at `path` into `registry` (empty) and the notifier's held events and
+/// dead letters (replaced); its meta. Blocking.
+fn load(
+    registry: &Registry,
+    webhooks: &Replication,
+    path: &Path,
+) -> Result<SnapshotMeta, StoreError> {
+    let now = Instant::now();
+    let mut webhook_records = Vec::new();
+    let meta = snapshot::read(path, |record, generation| {
+        if record.is_webhook() {
+            webhook_records.push(record);
+        } else {
+            registry.restore_with_generation(record, generation, now);
+        }
+    })?;
+    webhooks.replace(webhook_records, now);
+    Ok(meta)
+}
+
 /// Replaces the registry's state with the snapshot `meta` in `incoming`, and keeps the file
 /// as `dir`'s current snapshot. Blocking.
 fn install(
     registry: &Registry,
+    webhooks: &Replication,
     dir: &Path,
     meta: &SnapshotMeta,
     incoming: &SnapshotFile,
@@ -172,11 +214,8 @@ fn install(
         }
         sync_dir(dir)?;
     }
-    let now = Instant::now();
     registry.clear();
-    snapshot::read(&ours, |record, generation| {
-        registry.restore_with_generation(record, generation, now)
-    })?;
+    load(registry, webhooks, &ours)?;
     snapshot::remove_older(dir, &ours)
 }
 
@@ -202,6 +241,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
         SnapshotBuilder {
             registry: Arc::clone(&self.registry),
+            webhooks: Arc::clone(&self.webhooks),
             dir: self.dir.clone(),
             last_applied: self.last_applied,
             membership: self.membership.clone(),
@@ -224,11 +264,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         snapshot: Box<SnapshotFile>,
     ) -> Result<(), StorageError> {
         let (registry, dir, header) = (Arc::clone(&self.registry), self.dir.clone(), meta.clone());
-        let installed =
-            tokio::task::spawn_blocking(move || install(&registry, &dir, &header, &snapshot))
-                .await
-                .map_err(|error| StoreError::Task(error.to_string()))
-                .and_then(|installed| installed);
+        let webhooks = Arc::clone(&self.webhooks);
+        let installed = tokio::task::spawn_blocking(move || {
+            install(&registry, &webhooks, &dir, &header, &snapshot)
+        })
+        .await
+        .map_err(|error| StoreError::Task(error.to_string()))
+        .and_then(|installed| installed);
         installed.map_err(|error| {
             let signature = Some(meta.signature());
             storage_error(ErrorSubject::Snapshot(signature), ErrorVerb::Write, &error)
@@ -263,7 +305,12 @@ mod tests {
     const UNIX_AT_EPOCH: u64 = 1_700_000_000_000;
 
     fn open(dir: &Path, registry: Arc<Registry>) -> Result<StateMachine, StoreError> {
-        StateMachine::open(dir, registry, Arc::new(LeaseSignals::new(Instant::now())))
+        let parts = MachineParts {
+            registry,
+            signals: Arc::new(LeaseSignals::new(Instant::now())),
+            webhooks: Arc::default(),
+        };
+        StateMachine::open(dir, parts)
     }
 
     fn registry(epoch: Instant) -> Arc<Registry> {
@@ -411,6 +458,139 @@ mod tests {
         );
         let current = restarted.get_current_snapshot().await.unwrap().unwrap();
         assert_eq!(current.meta, built.meta);
+    }
+
+    /// A member's notifier that never sends (it does not lead), holding `deleted` events for
+    /// `url`, fed by `registry`'s bus.
+    fn holding_notifier(
+        registry: &Registry,
+        url: &str,
+        webhooks: &Arc<Replication>,
+    ) -> Arc<crate::notify::Notifier> {
+        let settings = crate::notify::Settings {
+            urls: vec![url.parse().unwrap()],
+            secret: None,
+            events: vec![crate::events::EventKind::Deleted],
+            timeout: std::time::Duration::from_secs(1),
+            concurrency: 1,
+            batch_max: 1,
+            max_attempts: 3,
+            retry_schedule: vec![std::time::Duration::from_secs(1)],
+            queue_max: 100,
+            dead_letters_max: 100,
+            drain_timeout: std::time::Duration::ZERO,
+        };
+        let notifier = crate::notify::Notifier::start(
+            settings,
+            registry.subscribe(),
+            Some(Arc::clone(webhooks)),
+        )
+        .unwrap();
+        assert!(!webhooks.is_delivering());
+        notifier
+    }
+
+    /// Must not be lost: a webhook event no member has delivered, across a snapshot installed
+    /// on another member (whose URL is named differently but is the same place in its list)
+    /// and a restart. Must not be kept: an event the leader reported delivered.
+    #[tokio::test]
+    async fn held_webhook_events_travel_in_snapshots_and_leave_with_the_leaders_report() {
+        let epoch = Instant::now();
+        let (leader_dir, follower_dir) = (TempDir::new("sm-hooks-l"), TempDir::new("sm-hooks-f"));
+        let leader_hooks = Arc::new(Replication::default());
+        let leader_registry = registry(epoch);
+        let leader_notifier =
+            holding_notifier(&leader_registry, "http://127.0.0.1:9/a", &leader_hooks);
+        let mut leader = StateMachine::open(
+            leader_dir.path(),
+            MachineParts {
+                registry: leader_registry,
+                signals: Arc::new(LeaseSignals::new(epoch)),
+                webhooks: Arc::clone(&leader_hooks),
+            },
+        )
+        .unwrap();
+        let deleted = |key: &str| Record::Deleted {
+            key: Key::new(key).unwrap(),
+            at_unix_ms: UNIX_AT_EPOCH,
+        };
+        let writes = vec![
+            upsert("kept", Expiry::Never, None),
+            upsert("settled", Expiry::Never, None),
+            deleted("kept"),
+            deleted("settled"),
+        ];
+        leader
+            .apply([entry(5, EntryPayload::Normal(Command::Writes(writes)))])
+            .await
+            .unwrap();
+        let built = leader
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        assert_eq!(leader_notifier.status(epoch)[0].pending, 2);
+
+        let follower_hooks = Arc::new(Replication::default());
+        let follower_registry = registry(epoch);
+        let follower_notifier =
+            holding_notifier(&follower_registry, "http://127.0.0.1:9/b", &follower_hooks);
+        let parts = MachineParts {
+            registry: follower_registry,
+            signals: Arc::new(LeaseSignals::new(epoch)),
+            webhooks: Arc::clone(&follower_hooks),
+        };
+        let mut follower = StateMachine::open(follower_dir.path(), parts).unwrap();
+        let mut incoming = follower.begin_receiving_snapshot().await.unwrap();
+        std::fs::copy(&built.snapshot.path, &incoming.path).unwrap();
+        incoming.len = built.snapshot.len;
+        follower
+            .install_snapshot(&built.meta, incoming)
+            .await
+            .unwrap();
+        let held = |notifier: &crate::notify::Notifier| -> Vec<(String, String)> {
+            let records = notifier.durable_records();
+            (records.into_iter())
+                .filter_map(|record| match record {
+                    Record::WebhookQueued(message) => {
+                        Some((message.event.key.to_string(), message.id))
+                    }
+                    _ => None,
+                })
+                .collect()
+        };
+        let ids = held(&follower_notifier);
+        assert_eq!(ids, held(&leader_notifier), "the same events, the same ids");
+        assert_eq!(ids.len(), 2);
+
+        // The leader (of term 1, which this member does not lead) reports one delivered.
+        let settled_id = ids
+            .iter()
+            .find(|(key, _)| key == "settled")
+            .unwrap()
+            .1
+            .clone();
+        let report = crate::notify::replicated::Settled {
+            endpoint: 0,
+            id: settled_id,
+            key: Key::new("settled").unwrap(),
+            how: crate::notify::replicated::Settlement::Delivered,
+        };
+        follower
+            .apply([entry(
+                6,
+                EntryPayload::Normal(Command::Webhooks(vec![report])),
+            )])
+            .await
+            .unwrap();
+        assert_eq!(
+            held(&follower_notifier),
+            ids.iter()
+                .filter(|(key, _)| key == "kept")
+                .cloned()
+                .collect::<Vec<_>>()
+        );
     }
 
     #[tokio::test]

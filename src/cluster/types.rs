@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
+use crate::notify::replicated::{Settled, Settlement};
 use crate::persist::record::{DecodeError, Record};
 use crate::registry::CheckpointItem;
 use crate::types::Key;
@@ -70,6 +71,10 @@ pub enum Command {
     /// member (the upgrade path, `cluster::upgrade`): applied as recovery applies them
     /// (`Registry::restore`), with no events, as a restart publishes none.
     Import(Vec<Record>),
+    /// Webhook events the leader settled (delivered, dead-lettered, re-sent from the dead
+    /// letters) since its last report: the other members drop them from their outboxes, so a
+    /// new leader sends only what was not settled (`notify::replicated`).
+    Webhooks(Vec<Settled>),
 }
 
 /// A command that cannot be read back.
@@ -85,6 +90,8 @@ pub enum CommandError {
     TrailingBytes(usize),
     #[error("key {index} of the command is not a valid key")]
     Key { index: usize },
+    #[error("a text of the command is not UTF-8")]
+    NotUtf8,
 }
 
 /// The tag of [`Command::Writes`].
@@ -95,6 +102,13 @@ const EXPIRIES: u8 = 2;
 const CHECKPOINT: u8 = 3;
 /// The tag of [`Command::Import`].
 const IMPORT: u8 = 4;
+/// The tag of [`Command::Webhooks`].
+const WEBHOOKS: u8 = 5;
+
+/// How a [`Settled`] report was settled, as encoded.
+const DELIVERED: u8 = 1;
+const DEAD_LETTERED: u8 = 2;
+const REQUEUED: u8 = 3;
 
 impl Command {
     /// About how many bytes the command's encoding takes, without encoding it (the network
@@ -105,6 +119,7 @@ impl Command {
             Self::Writes(records) | Self::Import(records) => records.len() * 128,
             Self::Expiries(keys) => keys.iter().map(|(key, _)| 6 + key.as_str().len()).sum(),
             Self::Checkpoint(items) => items.iter().map(|item| 14 + item.key.as_str().len()).sum(),
+            Self::Webhooks(reports) => reports.iter().map(report_len).sum(),
         }
     }
 
@@ -131,6 +146,12 @@ impl Command {
                     put_key(out, &item.key);
                 }
             }
+            Self::Webhooks(reports) => {
+                put_header(out, WEBHOOKS, reports.len());
+                for report in reports {
+                    put_report(out, report);
+                }
+            }
         }
     }
 
@@ -154,6 +175,7 @@ impl Command {
                     remaining_ms,
                 })
             })?),
+            WEBHOOKS => Self::Webhooks(decode_items(&mut rest, 1 + 2 + 2 + 2, take_report)?),
             other => return Err(CommandError::UnknownTag(other)),
         };
         match rest.len() {
@@ -174,6 +196,92 @@ fn put_records(out: &mut Vec<u8>, tag: u8, records: &[Record]) {
         let len = u32::try_from(out.len() - start - 4).expect("a record is far smaller than 4 GiB");
         out[start..start + 4].copy_from_slice(&len.to_le_bytes());
     }
+}
+
+/// About a report's encoded length.
+fn report_len(report: &Settled) -> usize {
+    let dead = match &report.how {
+        Settlement::DeadLettered { last_error, .. } => 4 + 8 + 2 + last_error.len(),
+        _ => 0,
+    };
+    1 + 2 + 2 + report.id.len() + 2 + report.key.as_str().len() + dead
+}
+
+/// A webhook report: how it was settled (a byte), the URL's place (u16 LE), the id (a u16 LE
+/// length and bytes), the key; a dead letter then has its attempts (u32 LE), when it failed (u64 LE) and
+/// its last error (a u16 LE length and bytes).
+fn put_report(out: &mut Vec<u8>, report: &Settled) {
+    let tag = match report.how {
+        Settlement::Delivered => DELIVERED,
+        Settlement::DeadLettered { .. } => DEAD_LETTERED,
+        Settlement::Requeued => REQUEUED,
+    };
+    out.push(tag);
+    out.extend_from_slice(&report.endpoint.to_le_bytes());
+    put_text(out, &report.id);
+    put_key(out, &report.key);
+    if let Settlement::DeadLettered {
+        attempts,
+        last_error,
+        failed_at_unix_ms,
+    } = &report.how
+    {
+        out.extend_from_slice(&attempts.to_le_bytes());
+        out.extend_from_slice(&failed_at_unix_ms.to_le_bytes());
+        put_text(out, last_error);
+    }
+}
+
+fn take_report(rest: &mut &[u8], index: usize) -> Result<Settled, CommandError> {
+    let (&tag, after) = rest.split_first().ok_or(CommandError::Truncated)?;
+    *rest = after;
+    let Some((endpoint, after)) = rest.split_first_chunk::<2>() else {
+        return Err(CommandError::Truncated);
+    };
+    let endpoint = u16::from_le_bytes(*endpoint);
+    *rest = after;
+    let id = take_text(rest)?;
+    let key = take_key(rest, index)?;
+    let how = match tag {
+        DELIVERED => Settlement::Delivered,
+        REQUEUED => Settlement::Requeued,
+        DEAD_LETTERED => Settlement::DeadLettered {
+            attempts: take_u32(rest)?,
+            failed_at_unix_ms: take_u64(rest)?,
+            last_error: take_text(rest)?,
+        },
+        other => return Err(CommandError::UnknownTag(other)),
+    };
+    Ok(Settled {
+        endpoint,
+        id,
+        key,
+        how,
+    })
+}
+
+/// A text of at most 65,535 bytes (longer is cut at a character boundary: URLs, ids and
+/// error messages are far shorter) as its length (u16 LE) and bytes.
+fn put_text(out: &mut Vec<u8>, text: &str) {
+    let mut end = text.len().min(usize::from(u16::MAX));
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    out.extend_from_slice(&(end as u16).to_le_bytes());
+    out.extend_from_slice(&text.as_bytes()[..end]);
+}
+
+fn take_text(bytes: &mut &[u8]) -> Result<String, CommandError> {
+    let Some((head, rest)) = bytes.split_first_chunk::<2>() else {
+        return Err(CommandError::Truncated);
+    };
+    let len = usize::from(u16::from_le_bytes(*head));
+    if len > rest.len() {
+        return Err(CommandError::Truncated);
+    }
+    let (raw, rest) = rest.split_at(len);
+    *bytes = rest;
+    String::from_utf8(raw.to_vec()).map_err(|_| CommandError::NotUtf8)
 }
 
 /// A tag and an item count.
@@ -327,6 +435,30 @@ mod tests {
             }]),
             Command::Expiries(Vec::new()),
             Command::Import((0..3).map(record).collect()),
+            Command::Webhooks(vec![
+                Settled {
+                    endpoint: 0,
+                    id: "msg_log_0000000000070002".into(),
+                    key: key("svc-1/instance-0000000001"),
+                    how: Settlement::Delivered,
+                },
+                Settled {
+                    endpoint: 3,
+                    id: "msg_log_0000000000080000".into(),
+                    key: key("b"),
+                    how: Settlement::DeadLettered {
+                        attempts: 12,
+                        last_error: "HTTP 500 Internal Server Error: é".into(),
+                        failed_at_unix_ms: 1_700_000_000_123,
+                    },
+                },
+                Settled {
+                    endpoint: 0,
+                    id: "msg_log_0000000000080000".into(),
+                    key: key("b"),
+                    how: Settlement::Requeued,
+                },
+            ]),
         ];
         for command in commands {
             let mut bytes = Vec::new();

@@ -64,7 +64,11 @@ fn take_consistency(request: &mut Request) -> Result<Consistency, ApiError> {
 
 /// Whether a request for `method` on `path` must be served by the leader.
 fn needs_leader(method: &Method, path: &str, consistency: Consistency) -> bool {
-    let keyed = path.starts_with("/v1/keys") || path == "/v1/services";
+    // Dead letters are numbered by the member that filed them: the leader's, which it
+    // delivers and re-sends, are the ones to read and retry.
+    let keyed = path.starts_with("/v1/keys")
+        || path == "/v1/services"
+        || path.starts_with("/v1/webhooks/dead-letters");
     if path.starts_with("/v1/heartbeats") || path.starts_with("/v1/cluster/members") {
         return true;
     }
@@ -194,6 +198,8 @@ mod tests {
             ("GET", "/v1/keys"),
             ("GET", "/v1/keys/a?x=1"),
             ("GET", "/v1/services"),
+            ("GET", "/v1/webhooks/dead-letters"),
+            ("POST", "/v1/webhooks/dead-letters/7/retry"),
         ] {
             assert!(needs(method, uri), "{method} {uri}");
         }
@@ -204,6 +210,8 @@ mod tests {
             ("GET", "/healthz"),
             ("GET", "/v1/events"),
             ("GET", "/metrics"),
+            ("GET", "/v1/webhooks"),
+            ("GET", "/v1/webhooks/dead-letters?consistency=stale"),
         ] {
             assert!(!needs(method, uri), "{method} {uri}");
         }

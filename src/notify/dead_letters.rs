@@ -116,6 +116,18 @@ impl DeadLetters {
         inner.letters.remove(index)
     }
 
+    /// Removes and returns the letter of message `id` (a cluster's sender re-sent it).
+    pub fn take_message(&self, id: &str) -> Option<DeadLetter> {
+        let mut inner = self.inner.lock();
+        let index = inner.letters.iter().position(|l| &*l.message.id == id)?;
+        inner.letters.remove(index)
+    }
+
+    /// Removes every letter (a snapshot replaces them).
+    pub fn clear(&self) {
+        self.inner.lock().letters.clear();
+    }
+
     /// Puts back a letter taken with [`DeadLetters::take`] (its re-send could not be queued).
     pub fn restore(&self, letter: DeadLetter) {
         let mut inner = self.inner.lock();

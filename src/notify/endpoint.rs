@@ -33,6 +33,7 @@ use super::dead_letters::{DeadLetters, NewLetter};
 use super::health::Health;
 use super::message::{Message, MessageIds};
 use super::outbox::{Batching, Full, Job, Outbox, Pending};
+use super::replicated::{Replication, Settled, Settlement};
 use super::transport::{unix_now_ms, Outcome, Sender};
 use crate::persist::journal::Journal;
 use crate::persist::record::{Record, WebhookMessage};
@@ -52,6 +53,17 @@ pub(super) struct Delivery {
     pub dead_letters: Arc<DeadLetters>,
     /// Where deliveries and dead letters are logged, once attached (after recovery).
     pub journal: Arc<OnceLock<Arc<Journal>>>,
+    /// In a cluster: whether this member sends, and where it reports what it settled.
+    pub replication: Option<Arc<Replication>>,
+}
+
+impl Delivery {
+    /// Whether this member may send now (always, outside a cluster).
+    fn may_send(&self) -> bool {
+        self.replication
+            .as_ref()
+            .is_none_or(|replication| replication.is_delivering())
+    }
 }
 
 /// Counters of one URL since start.
@@ -108,6 +120,45 @@ struct State {
     counters: Counters,
     last_error: Option<LastError>,
     last_delivered_at_ms: Option<u64>,
+    /// Events another member settled before they reached this outbox.
+    tombstones: Tombstones,
+}
+
+/// Reports of events settled elsewhere whose event has not arrived here yet (see
+/// `notify::replicated`), by `webhook-id`; at most `max`, the oldest forgotten first.
+#[derive(Debug, Default)]
+struct Tombstones {
+    by_id: HashMap<Box<str>, Settlement>,
+    order: std::collections::VecDeque<Box<str>>,
+    max: usize,
+}
+
+impl Tombstones {
+    fn insert(&mut self, id: &str, how: Settlement) {
+        if self.by_id.insert(id.into(), how).is_none() {
+            self.order.push_back(id.into());
+        }
+        while self.order.len() > self.max {
+            if let Some(oldest) = self.order.pop_front() {
+                self.by_id.remove(&oldest);
+            }
+        }
+    }
+
+    /// The settlement waiting for event `id`, taken.
+    fn take(&mut self, id: &str) -> Option<Settlement> {
+        if self.by_id.is_empty() {
+            return None;
+        }
+        let how = self.by_id.remove(id)?;
+        self.order.retain(|waiting| &**waiting != id);
+        Some(how)
+    }
+
+    fn clear(&mut self) {
+        self.by_id.clear();
+        self.order.clear();
+    }
 }
 
 /// See the module documentation.
@@ -135,6 +186,10 @@ impl Endpoint {
                 counters: Counters::default(),
                 last_error: None,
                 last_delivered_at_ms: None,
+                tombstones: Tombstones {
+                    max: queue_max,
+                    ..Tombstones::default()
+                },
             }),
             wake: Notify::new(),
         }
@@ -152,11 +207,17 @@ impl Endpoint {
         messages: &[Arc<Message>],
         now: Instant,
         journal: Option<&Journal>,
+        dead_letters: &DeadLetters,
     ) {
         let mut state = self.state.lock();
         let mut records = Vec::new();
         for message in messages {
-            if state.gone {
+            if let Some(how) = state.tombstones.take(&message.id) {
+                // Another member settled it already (a cluster's sender).
+                if let Settlement::DeadLettered { .. } = how {
+                    self.file_settled(dead_letters, Arc::clone(message), &how);
+                }
+            } else if state.gone {
                 state.counters.dropped_gone += 1;
             } else if state.outbox.push(Arc::clone(message), 0, now).is_ok() {
                 if journal.is_some() {
@@ -226,9 +287,18 @@ impl Endpoint {
         message: Arc<Message>,
         now: Instant,
         journal: Option<&Journal>,
+        replication: Option<&Replication>,
     ) -> Result<(), Full> {
         let mut state = self.state.lock();
         state.outbox.push(Arc::clone(&message), 0, now)?;
+        if let Some(replication) = replication {
+            replication.settled([Settled {
+                endpoint: self.position(),
+                id: message.id.to_string(),
+                key: message.event.key.clone(),
+                how: Settlement::Requeued,
+            }]);
+        }
         if let Some(journal) = journal {
             journal.append(&[
                 Record::DeadLetterTaken {
@@ -279,6 +349,7 @@ impl Endpoint {
         let mut attempts = JoinSet::new();
         let mut running: HashMap<tokio::task::Id, Job> = HashMap::new();
         let mut drain_until: Option<Instant> = None;
+        let mut delivering = delivery.replication.as_ref().map(|r| r.delivering());
         loop {
             let (jobs, next_retry, empty) = self.next_jobs(&delivery, running.len());
             for job in jobs {
@@ -303,6 +374,7 @@ impl Endpoint {
                     }
                 }
                 () = self.wake.notified() => {}
+                Ok(()) = changed(&mut delivering) => {}
                 () = sleep_until(next_retry.unwrap_or_else(far_future)), if next_retry.is_some() => {}
                 _ = stop.changed(), if drain_until.is_none() => {
                     drain_until = Some(stop.borrow().unwrap_or_else(Instant::now));
@@ -322,7 +394,7 @@ impl Endpoint {
         // The health allowance and the concurrency count requests, not the events they carry.
         let allowance = state.health.allowance(now).saturating_sub(running);
         let free = delivery.concurrency.saturating_sub(running);
-        let jobs = if state.gone || allowance == 0 {
+        let jobs = if state.gone || allowance == 0 || !delivery.may_send() {
             Vec::new()
         } else {
             let mut mint = || Arc::from(delivery.batch_ids.next());
@@ -417,6 +489,9 @@ impl Endpoint {
             }
         }
         state.counters.failed += given_up.len() as u64;
+        if let Some(replication) = &delivery.replication {
+            replication.settled(self.reports(&job, delivered, &given_up, now_ms));
+        }
         if let Some(journal) = delivery.journal.get() {
             let mut records = Vec::with_capacity(given_up.len() + job.messages.len());
             if delivered {
@@ -448,6 +523,99 @@ impl Endpoint {
         }
     }
 
+    /// This URL's place in `--webhook-url`, as reports name it (at most 65,535 URLs: far
+    /// more than any configuration has).
+    pub(super) fn position(&self) -> u16 {
+        u16::try_from(self.index).unwrap_or(u16::MAX)
+    }
+
+    /// What settling `job` reports to the other members of a cluster.
+    fn reports(
+        &self,
+        job: &Job,
+        delivered: bool,
+        given_up: &[(Pending, String)],
+        now_ms: u64,
+    ) -> Vec<Settled> {
+        let report = |message: &Message, how: Settlement| Settled {
+            endpoint: self.position(),
+            id: message.id.to_string(),
+            key: message.event.key.clone(),
+            how,
+        };
+        let mut reports: Vec<Settled> = Vec::new();
+        if delivered {
+            reports.extend(
+                job.messages
+                    .iter()
+                    .map(|message| report(message, Settlement::Delivered)),
+            );
+        }
+        reports.extend(given_up.iter().map(|(pending, last_error)| {
+            let how = Settlement::DeadLettered {
+                attempts: pending.attempts,
+                last_error: last_error.clone(),
+                failed_at_unix_ms: now_ms,
+            };
+            report(&pending.message, how)
+        }));
+        reports
+    }
+
+    /// Applies what another member settled (see `notify::replicated`): each event leaves the
+    /// outbox, becomes a dead letter, or comes back from the dead letters; an event not here
+    /// yet is met by a tombstone when it arrives.
+    pub(super) fn apply_settled<'a>(
+        &self,
+        reports: impl Iterator<Item = &'a Settled>,
+        dead_letters: &DeadLetters,
+        now: Instant,
+    ) {
+        let mut state = self.state.lock();
+        for report in reports {
+            if report.how == Settlement::Requeued {
+                if let Some(letter) = dead_letters.take_message(&report.id) {
+                    // Room was made for it on the sender; here too it fits or is counted.
+                    if state.outbox.push(letter.message, 0, now).is_err() {
+                        state.counters.dropped_queue_full += 1;
+                    }
+                }
+                continue;
+            }
+            match state.outbox.remove_held(&report.key, &report.id) {
+                Some(pending) => self.file_settled(dead_letters, pending.message, &report.how),
+                None => state.tombstones.insert(&report.id, report.how.clone()),
+            }
+        }
+        drop(state);
+        self.wake.notify_one();
+    }
+
+    /// Files `message` as the dead letter another member filed, if it was one.
+    fn file_settled(&self, dead_letters: &DeadLetters, message: Arc<Message>, how: &Settlement) {
+        if let Settlement::DeadLettered {
+            attempts,
+            last_error,
+            failed_at_unix_ms,
+        } = how
+        {
+            dead_letters.file(NewLetter {
+                endpoint: self.index,
+                message,
+                attempts: *attempts,
+                last_error: last_error.clone(),
+                failed_at_ms: *failed_at_unix_ms,
+            });
+        }
+    }
+
+    /// Drops every held event not in flight, and the tombstones (a snapshot replaces them).
+    pub(super) fn clear_held(&self) {
+        let mut state = self.state.lock();
+        state.outbox.clear_idle();
+        state.tombstones.clear();
+    }
+
     fn note_failure(&self, state: &mut State, job: &Job, error: &str, now_ms: u64) {
         state.counters.failed_attempts += 1;
         state.last_error = Some(LastError {
@@ -467,6 +635,16 @@ fn redacted(url: &Url) -> String {
         let _ = shown.set_password(Some("***"));
     }
     shown.to_string()
+}
+
+/// Waits for the next change of a cluster's `delivering` flag; never, outside a cluster.
+async fn changed(
+    delivering: &mut Option<watch::Receiver<bool>>,
+) -> Result<(), watch::error::RecvError> {
+    match delivering {
+        Some(delivering) => delivering.changed().await,
+        None => std::future::pending().await,
+    }
 }
 
 fn far_future() -> Instant {

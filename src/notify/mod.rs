@@ -26,9 +26,11 @@ pub mod endpoint;
 pub mod health;
 pub mod message;
 pub mod outbox;
+pub mod replicated;
 pub mod signing;
 pub mod transport;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -44,6 +46,7 @@ use crate::persist::webhooks::WebhookReplay;
 use dead_letters::{DeadLetter, DeadLetters, NewLetter};
 use endpoint::{Delivery, Endpoint, EndpointStatus};
 use message::{Message, MessageIds};
+use replicated::{Replication, Settled};
 use signing::WebhookSecret;
 use transport::Sender;
 
@@ -103,13 +106,30 @@ pub struct Notifier {
     /// Where queued events, deliveries and dead letters are logged, once attached (after
     /// recovery); shared with the dispatcher and the delivery tasks.
     journal: Arc<OnceLock<Arc<Journal>>>,
+    /// In a cluster: who sends, and what the sender settled (see [`replicated`]).
+    replication: Option<Arc<Replication>>,
+    /// Events ever published to the dispatcher, and how many of them it has put in the
+    /// outboxes (or passed over): equal when it has caught up (`None` without a URL).
+    bus: Option<BusProgress>,
+}
+
+/// See [`Notifier::caught_up`].
+#[derive(Debug)]
+struct BusProgress {
+    published: Arc<AtomicU64>,
+    handled: Arc<AtomicU64>,
 }
 
 impl Notifier {
     /// Starts delivering the events that arrive on `events` (a subscription to the registry's
     /// bus). With no URL configured it drops the subscription (the bus prunes it) and starts no
-    /// task.
-    pub fn start(settings: Settings, events: EventReceiver) -> Result<Arc<Self>, NotifyError> {
+    /// task. In a cluster (`replication`), it sends only while this member is the sender, and
+    /// what a snapshot read before it held is put back.
+    pub fn start(
+        settings: Settings,
+        events: EventReceiver,
+        replication: Option<Arc<Replication>>,
+    ) -> Result<Arc<Self>, NotifyError> {
         let dead_letters = Arc::new(DeadLetters::new(settings.dead_letters_max));
         let endpoints: Arc<[Arc<Endpoint>]> = settings
             .urls
@@ -127,7 +147,18 @@ impl Notifier {
             dispatcher: parking_lot::Mutex::new(None),
             deliverers: parking_lot::Mutex::new(Vec::new()),
             settings: settings.clone(),
+            replication: replication.clone(),
+            bus: (!settings.urls.is_empty()).then(|| BusProgress {
+                published: events.published_counter(),
+                handled: Arc::default(),
+            }),
         });
+        if let Some(replication) = &replication {
+            let early = replication.attach(&notifier);
+            if !early.is_empty() {
+                notifier.replace_held(early, Instant::now());
+            }
+        }
         if endpoints.is_empty() {
             return Ok(notifier);
         }
@@ -147,8 +178,9 @@ impl Notifier {
             batch_ids: MessageIds::with_prefix("batch_"),
             max_attempts: settings.max_attempts,
             retry_schedule: settings.retry_schedule.clone(),
-            dead_letters,
+            dead_letters: Arc::clone(&dead_letters),
             journal: Arc::clone(&journal),
+            replication: replication.clone(),
         });
         let deliverers = endpoints
             .iter()
@@ -161,10 +193,19 @@ impl Notifier {
         *notifier.deliverers.lock() = deliverers;
         *notifier.dispatcher.lock() = Some(tokio::spawn(dispatch(
             events,
-            endpoints,
+            Outboxes {
+                endpoints,
+                dead_letters,
+                journal,
+                replication,
+                handled: notifier
+                    .bus
+                    .as_ref()
+                    .map(|bus| Arc::clone(&bus.handled))
+                    .expect("a URL is configured"),
+            },
             settings.events,
             notifier.stop.subscribe(),
-            journal,
         )));
         for url in &settings.urls {
             tracing::info!(url = %url.origin().ascii_serialization(), "delivering webhooks");
@@ -298,6 +339,7 @@ impl Notifier {
             Arc::clone(&letter.message),
             now,
             self.journal.get().map(|j| &**j),
+            self.replication.as_deref(),
         ) {
             Ok(()) => Ok(letter),
             Err(_full) => {
@@ -306,6 +348,67 @@ impl Notifier {
                 Err(RetryError::QueueFull(url))
             }
         }
+    }
+
+    /// Whether every event published so far is in the outboxes (a snapshot reads them).
+    fn bus_idle(&self) -> bool {
+        self.bus.as_ref().is_none_or(|bus| {
+            bus.handled.load(Ordering::Acquire) >= bus.published.load(Ordering::Acquire)
+        })
+    }
+
+    /// Waits (up to a second) until every event published so far is in the outboxes.
+    pub async fn caught_up(&self) {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while !self.bus_idle() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Applies what another member of the cluster settled (see [`replicated`]).
+    pub fn apply_settled(&self, reports: &[Settled], now: Instant) {
+        for endpoint in self.endpoints.iter() {
+            let mine = reports
+                .iter()
+                .filter(|report| report.endpoint == endpoint.position());
+            endpoint.apply_settled(mine, &self.dead_letters, now);
+        }
+    }
+
+    /// Replaces the held events and dead letters with those `records` rebuild (a cluster
+    /// snapshot's webhook records). Events in flight stay until their attempt settles.
+    pub fn replace_held(&self, records: Vec<Record>, now: Instant) {
+        for endpoint in self.endpoints.iter() {
+            endpoint.clear_held();
+        }
+        self.dead_letters.clear();
+        let mut replay = WebhookReplay::default();
+        for mut record in records {
+            if let Some(url) = record_url(&mut record) {
+                // Named by place in a cluster's snapshot (see `records_by_place`).
+                let place = url.strip_prefix('#').and_then(|n| n.parse::<usize>().ok());
+                if let Some(endpoint) = place.and_then(|place| self.endpoints.get(place)) {
+                    *url = endpoint.shown_url().to_owned();
+                }
+            }
+            replay.apply(record);
+        }
+        self.restore(replay, now);
+    }
+
+    /// [`Notifier::durable_records`] with each URL named by its place in `--webhook-url`
+    /// (`#0`, `#1`...): the members of a cluster may name one destination differently.
+    pub fn records_by_place(&self) -> Vec<Record> {
+        let mut records = self.durable_records();
+        for record in &mut records {
+            if let Some(url) = record_url(record) {
+                let place = (self.endpoints.iter()).position(|e| e.shown_url() == url.as_str());
+                if let Some(place) = place {
+                    *url = format!("#{place}");
+                }
+            }
+        }
+        records
     }
 
     /// Stops taking events, delivers what is held for up to the drain timeout, and logs how
@@ -347,6 +450,17 @@ impl Notifier {
     }
 }
 
+/// The URL a held event's or a dead letter's record names.
+fn record_url(record: &mut Record) -> Option<&mut String> {
+    match record {
+        Record::WebhookQueued(message) | Record::DeadLetter { message, .. } => {
+            Some(&mut message.url)
+        }
+        Record::WebhookDone { url, .. } => Some(url),
+        _ => None,
+    }
+}
+
 /// A logged message as the outbox holds it, with its original `webhook-id`.
 fn message_of(logged: &WebhookMessage) -> Arc<Message> {
     Arc::new(Message {
@@ -375,50 +489,82 @@ pub fn install_tls_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
+/// What the dispatcher feeds.
+struct Outboxes {
+    endpoints: Arc<[Arc<Endpoint>]>,
+    dead_letters: Arc<DeadLetters>,
+    journal: Arc<OnceLock<Arc<Journal>>>,
+    replication: Option<Arc<Replication>>,
+    /// Events taken off the bus and moved (or passed over), counted after the move.
+    handled: Arc<AtomicU64>,
+}
+
 /// Moves events from the registry's bus into every outbox until asked to stop, then moves what
 /// is left and returns.
 async fn dispatch(
     mut events: EventReceiver,
-    endpoints: Arc<[Arc<Endpoint>]>,
+    outboxes: Outboxes,
     kinds: Vec<EventKind>,
     mut stop: watch::Receiver<Option<Instant>>,
-    journal: Arc<OnceLock<Arc<Journal>>>,
 ) {
+    let local_events = LocalEvents(outboxes.replication.clone());
     let ids = MessageIds::default();
     let mut batch: Vec<Arc<Message>> = Vec::new();
     loop {
         let stopping = tokio::select! {
             event = events.recv() => match event {
                 Some(event) => {
-                    admit(&mut batch, event, &kinds, &ids);
+                    admit(&mut batch, event, &kinds, &ids, &local_events);
                     false
                 }
                 None => true,
             },
             _ = stop.changed() => true,
         };
+        // Events taken off the bus and not yet counted as handled.
+        let mut taken = u64::from(!stopping);
         loop {
             while batch.len() < DISPATCH_BATCH {
                 let Some(event) = events.try_recv() else {
                     break;
                 };
-                admit(&mut batch, event, &kinds, &ids);
+                taken += 1;
+                admit(&mut batch, event, &kinds, &ids, &local_events);
             }
-            if batch.is_empty() {
+            if !batch.is_empty() {
+                let now = Instant::now();
+                let journal = outboxes.journal.get().map(|journal| &**journal);
+                for endpoint in outboxes.endpoints.iter() {
+                    endpoint.accept(&batch, now, journal, &outboxes.dead_letters);
+                }
+            }
+            outboxes
+                .handled
+                .fetch_add(std::mem::take(&mut taken), Ordering::Release);
+            if batch.is_empty() || !stopping {
+                batch.clear();
                 break;
-            }
-            let now = Instant::now();
-            for endpoint in endpoints.iter() {
-                endpoint.accept(&batch, now, journal.get().map(|journal| &**journal));
             }
             batch.clear();
-            if !stopping {
-                break;
-            }
         }
         if stopping {
             return;
         }
+    }
+}
+
+/// Which events that the log did not number (a member's own, such as the guard's) this
+/// member sends: all of them outside a cluster; in one, only while it is the sender, since no
+/// other member holds them.
+struct LocalEvents(Option<Arc<Replication>>);
+
+impl LocalEvents {
+    fn admits(&self, event: &crate::events::Event) -> bool {
+        event.log_id.is_some()
+            || self
+                .0
+                .as_ref()
+                .is_none_or(|replication| replication.is_delivering())
     }
 }
 
@@ -427,8 +573,9 @@ fn admit(
     event: crate::events::Event,
     kinds: &[EventKind],
     ids: &MessageIds,
+    local_events: &LocalEvents,
 ) {
-    if kinds.contains(&event.kind) {
+    if kinds.contains(&event.kind) && local_events.admits(&event) {
         // A cluster's event is numbered by the log, the same on every member: every member
         // that delivers it sends one id, which receivers deduplicate on.
         let id = match event.log_id {

@@ -354,6 +354,33 @@ impl Outbox {
         drained
     }
 
+    /// Takes out event `id` of `key`'s lane, settled by another member (a cluster's sender),
+    /// unless it is in flight here; `None` if it is not held (or in flight).
+    pub fn remove_held(&mut self, key: &Key, id: &str) -> Option<Pending> {
+        let lane = self.lanes.get_mut(key)?;
+        let position = lane
+            .events
+            .iter()
+            .position(|held| &*held.message.id == id)?;
+        if position == 0 && lane.state == LaneState::InFlight {
+            return None;
+        }
+        let removed = lane.events.remove(position).expect("found");
+        self.len -= 1;
+        self.arrived_at.remove(&removed.arrival);
+        if lane.events.is_empty() {
+            // A `Ready` or `Waiting` lane may still be named in `ready` or a retry: both skip
+            // a key with no lane in that state (`start_head`).
+            self.lanes.remove(key);
+        }
+        Some(removed)
+    }
+
+    /// Takes out every event not in flight (a snapshot replaces what is held).
+    pub fn clear_idle(&mut self) -> usize {
+        self.drain_idle().len()
+    }
+
     fn settle_head(&mut self, key: &Key) -> Option<Pending> {
         let lane = self.lanes.get_mut(key)?;
         debug_assert_eq!(lane.state, LaneState::InFlight);
@@ -523,6 +550,47 @@ mod tests {
         outbox.delivered(&key("a"));
         assert!(outbox.is_empty());
         assert!(take(&mut outbox, now + Duration::from_secs(2), 10).is_empty());
+    }
+
+    /// A cluster member that does not send drops what the sender settled, wherever it sits in
+    /// its lane; an event in flight here is left to its attempt; the lanes keep their order
+    /// and a key whose lane emptied starts a new one.
+    #[test]
+    fn events_settled_elsewhere_leave_the_outbox_but_one_in_flight_stays() {
+        let now = Instant::now();
+        let mut outbox = Outbox::new(10);
+        for (key, sequence) in [("a", 1), ("a", 2), ("a", 3), ("b", 4), ("c", 5)] {
+            outbox.push(message(key, sequence), 0, now).unwrap();
+        }
+        // The middle of a lane, then a whole lane.
+        assert_eq!(
+            &*outbox.remove_held(&key("a"), "msg_2").unwrap().message.id,
+            "msg_2"
+        );
+        assert!(outbox.remove_held(&key("b"), "msg_4").is_some());
+        assert!(
+            outbox.remove_held(&key("b"), "msg_4").is_none(),
+            "only once"
+        );
+        assert!(
+            outbox.remove_held(&key("c"), "msg_1").is_none(),
+            "another key's id"
+        );
+        assert_eq!(outbox.len(), 3);
+        let jobs = take(&mut outbox, now, 10);
+        assert_eq!(ids(&jobs), ["msg_1", "msg_5"]);
+        // In flight here: not taken out.
+        assert!(outbox.remove_held(&key("a"), "msg_1").is_none());
+        outbox.delivered(&key("a"));
+        outbox.delivered(&key("c"));
+        assert_eq!(ids(&take(&mut outbox, now, 10)), ["msg_3"]);
+        outbox.delivered(&key("a"));
+        assert!(outbox.is_empty());
+        assert_eq!(outbox.oldest_arrival(), None);
+        // `b`'s lane emptied while named as ready: a new event of `b` goes out once.
+        outbox.push(message("b", 6), 0, now).unwrap();
+        assert_eq!(ids(&take(&mut outbox, now, 10)), ["msg_6"]);
+        assert!(take(&mut outbox, now, 10).is_empty());
     }
 
     #[test]

@@ -12,7 +12,7 @@ use openraft::{AnyError, StorageIOError};
 use tokio::time::Instant;
 use ttlwheel::cluster::log_store::LogStore;
 use ttlwheel::cluster::signals::LeaseSignals;
-use ttlwheel::cluster::state_machine::StateMachine;
+use ttlwheel::cluster::state_machine::{MachineParts, StateMachine};
 use ttlwheel::cluster::types::{StorageError, TypeConfig};
 use ttlwheel::registry::{Registry, RegistryConfig};
 
@@ -42,8 +42,13 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, TempDir> for DiskStores {
         let log = LogStore::open(&dir.0.join("log")).map_err(|error| failed(&error))?;
         let registry = Arc::new(Registry::new(RegistryConfig::default(), Instant::now()));
         let signals = Arc::new(LeaseSignals::new(Instant::now()));
-        let machine = StateMachine::open(&dir.0.join("sm"), registry, signals)
-            .map_err(|error| failed(&error))?;
+        let parts = MachineParts {
+            registry,
+            signals,
+            webhooks: Arc::default(),
+        };
+        let machine =
+            StateMachine::open(&dir.0.join("sm"), parts).map_err(|error| failed(&error))?;
         Ok((dir, log, machine))
     }
 }

@@ -9,11 +9,13 @@
 //!   (no `expired` event on any stream while an acknowledged TTL of it ran, never in a member's
 //!   `state=expired` listing) and never answered `created` again (the checker's rule 1).
 //! - *A dead client's key expires once*: every member that ran throughout reports it exactly
-//!   once on its stream and on its webhooks, by the checker's bound: its last deadline + 1 s,
-//!   or after a failover `p + max(remaining at the last contact, min(TTL, grace))` + 1 s, the
-//!   issue's "last checkpointed deadline + grace + 1 s" (grace: `--failover-grace`, 5 s). A
-//!   member paused or cut off reports it exactly once after it rejoins. Every member names it
-//!   with one webhook id (`msg_log_<log id>`).
+//!   once on its stream, and the cluster's webhooks report it, by the checker's bound: its
+//!   last deadline + 1 s, or after a failover `p + max(remaining at the last contact, min(TTL,
+//!   grace))` + 1 s, the "last checkpointed deadline + grace + 1 s" (grace:
+//!   `--failover-grace`, 5 s). A member paused or cut off reports it exactly once on its
+//!   stream after it rejoins. Each member has its own receiver (its one `--webhook-url`), and
+//!   only the leader sends: the receivers together are the cluster's webhooks, which name
+//!   each expiry with one id (`msg_log_<log id>`), repeated only by a resend.
 //! - *Fencing*: a leader without a quorum acknowledges no renewal once the fence (640 ms, 4/5
 //!   of the election timeout: README "Fencing") has passed since the fault, answering 503
 //!   `no_quorum`, and expires nothing.
@@ -324,28 +326,35 @@ impl Rig {
             .collect()
     }
 
-    /// Keys member `id`'s stream and webhooks each reported expired.
-    fn reported(&self, id: u64) -> (BTreeSet<String>, BTreeSet<String>) {
+    /// The cluster's webhooks: every member's receiver together (only the leader sends), as
+    /// one stream.
+    fn cluster_webhook_events(&self) -> Vec<Event> {
+        let mut events: Vec<Event> = (self.all().into_iter())
+            .flat_map(|id| self.webhook_events(id))
+            .map(|event| Event {
+                stream: "webhooks".to_owned(),
+                ..event
+            })
+            .collect();
+        events.sort_by_key(|event| event.received_ms);
+        events
+    }
+
+    /// Waits until every member of `members` reported every key of `keys` expired on its
+    /// stream, and the cluster's webhooks did, at most `limit`. Not an assertion: the judge
+    /// says what is missing, and whether what came was late.
+    async fn wait_reported(&self, members: &[u64], keys: &[Stopped], limit: Duration) {
         let expired = |events: Vec<Event>| -> BTreeSet<String> {
             (events.into_iter())
                 .filter(|event| event.kind == EventKind::Expired)
                 .map(|event| event.key)
                 .collect()
         };
-        (
-            expired(self.sse_events(id).0),
-            expired(self.webhook_events(id)),
-        )
-    }
-
-    /// Waits until every member of `members` reported every key of `keys` expired on its
-    /// stream and its webhooks, at most `limit`. Not an assertion: the judge says what is
-    /// missing, and whether what came was late.
-    async fn wait_reported(&self, members: &[u64], keys: &[Stopped], limit: Duration) {
         let started = Instant::now();
         while started.elapsed() < limit {
+            let webhooks = expired(self.cluster_webhook_events());
             let done = members.iter().all(|&id| {
-                let (sse, webhooks) = self.reported(id);
+                let sse = expired(self.sse_events(id).0);
                 (keys.iter()).all(|key| sse.contains(&key.key) && webhooks.contains(&key.key))
             });
             if done {
@@ -417,8 +426,8 @@ impl Rig {
         // A member that was paused or cut off: each expiry once, after it rejoined.
         for &id in &seen.rejoined {
             found.extend(once_each(&self.sse_events(id).0, &seen.dead));
-            found.extend(once_each(&self.webhook_events(id), &seen.dead));
         }
+        found.extend(self.judge_cluster_webhooks(seen, ended_ms));
         found.extend(self.live_expiries(seen));
         found.extend(judge_expired_listings(seen));
         found
@@ -477,9 +486,18 @@ impl Rig {
         found
     }
 
-    /// A member that ran throughout: its stream whole and in order, and its stream and its
-    /// webhooks each reporting every dead key once and in time (the checker's rules on each
-    /// stream alone).
+    /// The cluster's webhooks, whole: every dead key reported in time (at least once: a
+    /// failover may resend, under the same id, which [`Rig::judge_across_members`] checks).
+    fn judge_cluster_webhooks(&self, seen: &Observed, ended_ms: Ms) -> Vec<String> {
+        let streams = BTreeMap::from([("webhooks".to_owned(), Stream::WEBHOOK)]);
+        let webhooks = Self::history_of(seen, self.cluster_webhook_events(), streams, ended_ms);
+        (history::late_expiries(&webhooks).into_iter())
+            .map(|violation| violation.to_string())
+            .collect()
+    }
+
+    /// A member that ran throughout: its stream whole and in order, reporting every dead key
+    /// once and in time (the checker's rules on the stream alone).
     fn judge_whole_member(&self, id: u64, seen: &Observed, ended_ms: Ms) -> Vec<String> {
         let (sse, mut found) = self.sse_events(id);
         found.extend(
@@ -492,14 +510,8 @@ impl Rig {
             Self::history_of(seen, events, streams, ended_ms)
         };
         let stream = alone(sse, format!("sse:n{id}"), Stream::SSE);
-        let webhooks = alone(
-            self.webhook_events(id),
-            format!("webhook:n{id}"),
-            Stream::WEBHOOK,
-        );
-        let violations = (history::late_expiries(&stream).into_iter())
-            .chain(history::delivery(&stream))
-            .chain(history::late_expiries(&webhooks));
+        let violations =
+            (history::late_expiries(&stream).into_iter()).chain(history::delivery(&stream));
         found.extend(violations.map(|violation| violation.to_string()));
         found
     }

@@ -12,3 +12,4 @@ pub mod membership;
 pub mod scenarios;
 pub mod ttl;
 pub mod upgrade;
+pub mod webhooks;

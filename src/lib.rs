@@ -264,10 +264,14 @@ impl Service {
         };
         let notifier = Notifier::start(config.webhook_settings(), subscriptions.webhooks, webhooks)
             .map_err(|error| std::io::Error::other(error.to_string()))?;
-        let hub = Arc::new(EventHub::new(
+        let hub = EventHub::new(
             config.events_ring as usize,
             usize::try_from(config.events_ring_bytes).unwrap_or(usize::MAX),
-        ));
+        );
+        let hub = Arc::new(match &cluster {
+            Some(member) => hub.numbered_by_log(member.events_complete_from()),
+            None => hub,
+        });
         let auth = match &config.auth_tokens {
             Some(path) => {
                 let auth = auth::Auth::load(path).map_err(|error| {

@@ -4,7 +4,8 @@
 //! the peer listener and the member itself; expiry, TTL changes and event numbering through
 //! the log; membership changes; the upgrade from a single node. On only with `--node-id`
 //! (`Service::start_member`); a single node never touches it. Webhooks are sent by the leader
-//! only, its reports through the log (`notify::replicated`). Not yet: SSE ids from the log.
+//! only, its reports through the log (`notify::replicated`); SSE ids are places in the log
+//! (`stream::log_ids`), so a stream resumes on any member.
 //!
 //! - [`node`]: a running member ([`node::Cluster`]): storage, openraft, bootstrap, proposals,
 //!   forwarding, the status `GET /v1/cluster` shows.

@@ -580,6 +580,11 @@ impl Cluster {
     }
 
     /// This member's metrics, for the service's `/metrics`.
+    /// The first log id this member has every event from (see `stream::log_ids`).
+    pub fn events_complete_from(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.signals.events_complete_from()
+    }
+
     pub fn metrics_collector(&self) -> ClusterCollector {
         ClusterCollector {
             id: self.id,

@@ -8,8 +8,11 @@
 //! - `leading_term`: the term this member leads, 0 when it does not: the state machine skips
 //!   the checkpoints of the term it leads (its own deadlines are the real ones).
 //! - `blank_term`: the newest term whose blank entry was applied here, the promotion point.
+//! - `events_complete_from`: the first log id this member has published every event from
+//!   (the entry after the snapshot it loaded last); the live stream resumes only above it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -27,6 +30,8 @@ pub struct LeaseSignals {
     blank_term: AtomicU64,
     /// Wakes the lease task early (a blank entry applied).
     pub wake: Notify,
+    /// See the module documentation; shared with the live stream's hub.
+    events_complete_from: Arc<AtomicU64>,
 }
 
 impl LeaseSignals {
@@ -37,6 +42,7 @@ impl LeaseSignals {
             leading_term: AtomicU64::new(0),
             blank_term: AtomicU64::new(0),
             wake: Notify::new(),
+            events_complete_from: Arc::default(),
         }
     }
 
@@ -53,6 +59,18 @@ impl LeaseSignals {
             until.saturating_duration_since(self.base).as_nanos() as u64
         });
         self.serve_until_ns.store(ns, Ordering::Release);
+    }
+
+    /// A snapshot covering entries up to `last_index` was loaded: events of earlier entries
+    /// were never published here.
+    pub fn snapshot_loaded(&self, last_index: Option<u64>) {
+        let from = last_index.map_or(0, |index| (index + 1) << 16);
+        self.events_complete_from.store(from, Ordering::Release);
+    }
+
+    /// See [`LeaseSignals::snapshot_loaded`].
+    pub fn events_complete_from(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.events_complete_from)
     }
 
     pub fn leading_term(&self) -> u64 {

@@ -21,7 +21,8 @@
 //! what they name (`notify::replicated`); the leader that wrote them skips them. A snapshot
 //! holds the notifier's held events and dead letters after the keys, and loading one replaces
 //! them. Events of entries re-applied after a restart are published again (at least once,
-//! same ids); SSE ids are still each member's own (a later step).
+//! same ids). SSE ids are the same places (`stream::log_ids`); loading a snapshot tells the
+//! stream where its events are whole from (`LeaseSignals::snapshot_loaded`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -93,6 +94,9 @@ impl StateMachine {
         };
         if let Some((_, file)) = snapshot::newest(dir)? {
             let meta = load(&machine.registry, &machine.webhooks, &file.path)?;
+            machine
+                .signals
+                .snapshot_loaded(meta.last_log_id.map(|id| id.index));
             machine.last_applied = meta.last_log_id;
             machine.membership = meta.last_membership;
         }
@@ -275,6 +279,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let signature = Some(meta.signature());
             storage_error(ErrorSubject::Snapshot(signature), ErrorVerb::Write, &error)
         })?;
+        self.signals
+            .snapshot_loaded(meta.last_log_id.map(|id| id.index));
         self.last_applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
         Ok(())

@@ -1,7 +1,8 @@
 //! `GET /v1/events`: the live event stream (Server-Sent Events).
 //!
-//! Each event is `id: <run>-<seq>`, `event: registered|expired|deleted`, and `data:` the JSON of
-//! the webhook payload's `data` plus `type`. `service=` and `prefix=` filter it. A client that
+//! Each event is `id: <run>-<seq>` (on a cluster member, its place in the log, `log-<hex>`, the
+//! same on every member, so a client resumes on any: `stream::log_ids`), `event:
+//! registered|expired|deleted`, and `data:` the JSON of the webhook payload's `data` plus `type`. `service=` and `prefix=` filter it. A client that
 //! reconnects with `Last-Event-ID` gets the events it missed from the ring, or a `reset` event
 //! when they have left it (or the id is from another run): it should then re-read the lists.
 //! A client that falls a whole ring behind gets a `reset` and is disconnected (and counted).
@@ -30,7 +31,11 @@ use super::error::ApiError;
 use super::extract::QueryParams;
 use super::AppState;
 use crate::stream::compact::CompactEvent;
+use crate::stream::log_ids::{Place, Resume};
 use crate::stream::{sse_frame, ClientGuard, EventHub, Read};
+
+/// Why a resuming client is told to re-read the lists: events after its id may be missing.
+const OLDER_THAN_RING: &str = "Last-Event-ID is older than the event ring: re-read the lists";
 use crate::types::ServiceName;
 
 /// Interval of the keep-alive comments.
@@ -77,6 +82,9 @@ struct Client {
     filter: Filter,
     /// `seq` of the last event examined in the ring.
     cursor: u64,
+    /// On a cluster member, events at or below this place are passed over (a client that
+    /// came from a member ahead of this one).
+    passed: Option<Place>,
     /// When the last chunk was sent: a keep-alive comment follows `KEEP_ALIVE` after it.
     sent_at: Instant,
     /// A `reset` to send before anything else.
@@ -115,17 +123,24 @@ pub async fn events_stream(
     }
     let resume_from = headers
         .get("last-event-id")
-        .map(|value| value.to_str().ok().and_then(|id| hub.parse_id(id)));
+        .map(|value| value.to_str().ok().and_then(|id| hub.resume(id)));
     let newest = hub.newest();
-    let (cursor, reset) = match resume_from {
-        None => (newest, None),
-        Some(Some(seq)) if seq <= newest => (seq, None),
+    let (cursor, passed, reset) = match resume_from {
+        None => (newest, None, None),
+        Some(Some(Resume::After(seq))) if seq <= newest => (seq, None, None),
+        Some(Some(Resume::Ahead { newest, through })) => (newest, Some(through), None),
+        Some(Some(Resume::Gap)) => (newest, None, Some(OLDER_THAN_RING)),
         // An id from another run, unreadable, or from the future.
-        Some(_) => (newest, Some("unknown Last-Event-ID: re-read the lists")),
+        Some(_) => (
+            newest,
+            None,
+            Some("unknown Last-Event-ID: re-read the lists"),
+        ),
     };
     let client = Client {
         filter,
         cursor,
+        passed,
         sent_at: Instant::now(),
         reset,
         streaming: false,
@@ -174,10 +189,13 @@ impl Client {
             self.latest.borrow_and_update();
             let mut chunk = Vec::new();
             let filter = &self.filter;
-            match self
-                .hub
-                .read_into(self.cursor, |e| filter.matches(e), &mut chunk, CHUNK_BYTES)
-            {
+            match self.hub.read_into(
+                self.cursor,
+                self.passed,
+                |e| filter.matches(e),
+                &mut chunk,
+                CHUNK_BYTES,
+            ) {
                 Read::Gap => {
                     self.fell_behind();
                     continue;
@@ -212,7 +230,7 @@ impl Client {
                 Some("fell behind the event ring: dropped; reconnect and re-read the lists");
             self.dropped = true;
         } else {
-            self.reset = Some("Last-Event-ID is older than the event ring: re-read the lists");
+            self.reset = Some(OLDER_THAN_RING);
         }
         self.cursor = self.hub.newest();
     }

@@ -15,11 +15,13 @@
 //! - Nothing waits on a client: the feeder pushes into the ring and moves on. A client that
 //!   falls behind the ring's oldest event is told (`reset`), dropped and counted.
 //! - Event ids are `<run>-<seq>`, where `run` is random per process: a client resuming with an
-//!   id from another run (or from before the ring) gets a `reset` instead of a silent gap.
+//!   id from another run (or from before the ring) gets a `reset` instead of a silent gap. On a
+//!   cluster member ids are places in the log instead ([`log_ids`]), the same on every member.
 //! - A slot's SSE frame, once encoded, is the frame of that event for every client (it depends
 //!   only on the run, the `seq` and the event).
 
 pub mod compact;
+pub mod log_ids;
 mod ring;
 pub mod wake;
 
@@ -33,6 +35,7 @@ use tokio::time::Instant;
 
 use crate::events::{Event, EventData, EventReceiver};
 use compact::CompactEvent;
+use log_ids::{LogIds, Place, Resume};
 use ring::Ring;
 
 /// Default number of events the ring keeps.
@@ -74,6 +77,9 @@ pub struct EventHub {
     /// bytes for every client, so it is encoded once, by the first reader, and kept in the
     /// ring for the others.
     ring: RwLock<Ring>,
+    /// A cluster member's event ids, from the log (locked after `ring`); `None`: a single
+    /// node's `<run>-<seq>`.
+    log_ids: Option<RwLock<LogIds>>,
     /// The bytes of the frames encoded so far of the events in the ring, with their blocks'
     /// frame tables: readers encode them under the ring's read lock and add here; eviction,
     /// under its write lock, subtracts.
@@ -105,6 +111,7 @@ impl EventHub {
             max_events: max_events.max(1),
             max_bytes,
             ring: RwLock::new(Ring::new(max_bytes)),
+            log_ids: None,
             frame_bytes: AtomicUsize::new(0),
             latest: watch::channel(0).0,
             closing: watch::channel(false).0,
@@ -112,6 +119,13 @@ impl EventHub {
             dropped_clients: AtomicU64::new(0),
             dropped_events: AtomicU64::new(0),
         }
+    }
+
+    /// A cluster member's hub: event ids are places in the log (see [`log_ids`]), and this
+    /// member has every event from log id `complete_from` on (the state machine keeps it).
+    pub fn numbered_by_log(mut self, complete_from: Arc<AtomicU64>) -> Self {
+        self.log_ids = Some(RwLock::new(LogIds::new(complete_from)));
+        self
     }
 
     /// Appends events and wakes the readers at once (tests; `feed` paces its wake-ups).
@@ -124,8 +138,15 @@ impl EventHub {
     /// Appends events, dropping the oldest past either bound, without waking the readers.
     fn append(&self, events: impl IntoIterator<Item = Event>) {
         let mut ring = self.ring.write();
+        let mut log_ids = self.log_ids.as_ref().map(|log_ids| log_ids.write());
         for event in events {
             ring.append(&event, self.max_events, self.max_bytes, &self.frame_bytes);
+            if let Some(log_ids) = &mut log_ids {
+                log_ids.push(ring.newest(), &event);
+            }
+        }
+        if let Some(log_ids) = &mut log_ids {
+            log_ids.trim(ring.first_seq());
         }
     }
 
@@ -152,14 +173,22 @@ impl EventHub {
     }
 
     /// Appends to `out` the frames of the events after `cursor` (the `seq` of the last event
-    /// read) that `matches` accepts, stopping once `out` holds `max_bytes` or more.
+    /// read) that `matches` accepts, stopping once `out` holds `max_bytes` or more. On a
+    /// cluster member, events at or below `passed` (a client's place from a member ahead of
+    /// this one) are passed over.
     pub fn read_into(
         &self,
         cursor: u64,
+        passed: Option<Place>,
         matches: impl Fn(&CompactEvent<'_>) -> bool,
         out: &mut Vec<u8>,
         max_bytes: usize,
     ) -> Read {
+        let passed_over = |seq: u64| -> bool {
+            let place = |log_ids: &RwLock<LogIds>| log_ids.read().place(seq);
+            let place = self.log_ids.as_ref().and_then(place);
+            passed.is_some_and(|passed| place.is_some_and(|place| place <= passed))
+        };
         let ring = self.ring.read();
         if cursor + 1 < ring.first_seq() {
             return Read::Gap;
@@ -168,7 +197,7 @@ impl EventHub {
         for (seq, block, index) in ring.from(through + 1).take(SCAN_LIMIT) {
             through = seq;
             let event = block.event(index);
-            if matches(&event) {
+            if matches(&event) && !passed_over(seq) {
                 let frame = block.frame(index, &self.frame_bytes, || {
                     self.frame(seq, &event).into_boxed_slice()
                 });
@@ -220,16 +249,33 @@ impl EventHub {
         self.closing.send_replace(true);
     }
 
-    /// The SSE `id` of event `seq`.
+    /// The SSE `id` of event `seq`: `<run>-<seq>` on a single node, its place in the log
+    /// (`log-...`) on a cluster member.
     pub fn id_of(&self, seq: u64) -> String {
-        format!("{:08x}-{seq}", self.run)
+        match &self.log_ids {
+            Some(log_ids) => log_ids.read().id_of(seq),
+            None => format!("{:08x}-{seq}", self.run),
+        }
     }
 
-    /// The `seq` a `Last-Event-ID` names, if it comes from this run.
+    /// The `seq` a `Last-Event-ID` names, if it comes from this run (a single node).
     pub fn parse_id(&self, id: &str) -> Option<u64> {
         let (run, seq) = id.trim().split_once('-')?;
         (u32::from_str_radix(run, 16).ok()? == self.run).then_some(())?;
         seq.parse().ok()
+    }
+
+    /// Where a client that sent `Last-Event-ID: id` resumes, if the id is one this hub gives
+    /// (on a cluster member, any member's).
+    pub fn resume(&self, id: &str) -> Option<Resume> {
+        match &self.log_ids {
+            Some(log_ids) => {
+                let place = Place::parse(id)?;
+                let ring = self.ring.read();
+                Some(log_ids.read().resume(place, ring.newest()))
+            }
+            None => self.parse_id(id).map(Resume::After),
+        }
     }
 
     /// Counts a client in for as long as the guard lives.
@@ -356,7 +402,7 @@ mod tests {
     /// The (seq, key) of each frame a read from `cursor` appends, and where it ended.
     fn read(hub: &EventHub, cursor: u64, max_bytes: usize) -> (Vec<(u64, String)>, Read) {
         let mut out = Vec::new();
-        let read = hub.read_into(cursor, |_| true, &mut out, max_bytes);
+        let read = hub.read_into(cursor, None, |_| true, &mut out, max_bytes);
         let text = String::from_utf8(out).unwrap();
         let frames = text
             .split_terminator("\n\n")
@@ -462,7 +508,7 @@ mod tests {
         let hub = EventHub::new(10, usize::MAX);
         hub.push((1..=4).map(event));
         let mut out = Vec::new();
-        let read = hub.read_into(0, |e| e.key() == "k3", &mut out, usize::MAX);
+        let read = hub.read_into(0, None, |e| e.key() == "k3", &mut out, usize::MAX);
         assert_eq!(
             read,
             Read::Frames {

@@ -22,10 +22,10 @@
 //! - *Convergence*: at the end every member lists the same keys at one applied index, with
 //!   every acknowledged key nothing could end (the checker's rule 4).
 //!
-//! **How the observations are judged.** The cross-member history holds the webhooks, whose ids
-//! come from the log. SSE ids are still each member's own `<run>-<seq>` (log-numbered SSE ids
-//! are a later step), so each member's stream is judged alone: its `seq` orders the events as
-//! that member applied them, which is what the checker's per-stream rules need. A failover's
+//! **How the observations are judged.** Event ids come from the log, on the webhooks
+//! (`msg_log_<hex>`) and on the streams (`log-<hex>`), the same on every member. The
+//! cross-member history holds the webhooks; each member's stream is judged alone too (whole,
+//! in log order, each expiry once). A failover's
 //! `promoted_ms` is when a new leader first served a linearizable read itself (only a promoted
 //! leader does), and its `last_contact_ms` a floor of its last contact with the old leader
 //! read from `GET /v1/cluster` just before the fault; both err only towards a later bound.
@@ -289,10 +289,9 @@ impl Rig {
                     continue;
                 }
             };
-            let seq = frame.id.rsplit('-').next().unwrap_or_default().to_owned();
             events.push(Event {
                 stream: stream.clone(),
-                id: seq,
+                id: log_id_of(&frame.id, "log-"),
                 key: frame.data["key"].as_str().unwrap_or_default().to_owned(),
                 kind,
                 received_ms: self.origin.ceil(frame.received),
@@ -307,10 +306,7 @@ impl Rig {
         let stream = format!("webhook:n{id}");
         (self.receivers[&id].requests().iter())
             .map(|request| {
-                let raw = request.id();
-                let id = (raw.strip_prefix("msg_log_"))
-                    .and_then(|hex| u64::from_str_radix(hex, 16).ok())
-                    .map_or_else(|| raw.to_owned(), |id| id.to_string());
+                let id = log_id_of(request.id(), "msg_log_");
                 let kind = match request.json["type"].as_str() {
                     Some("key.deleted") => EventKind::Deleted,
                     _ => EventKind::Expired,
@@ -638,6 +634,15 @@ struct Observed {
     whole: Vec<u64>,
     /// Members paused or cut off: they report each expiry once, after rejoining.
     rejoined: Vec<u64>,
+}
+
+/// The log id (decimal, as the checker reads ids) of an event id of the form `<prefix><16 hex
+/// digits>`; an id of another form as it is (the checker flags it).
+fn log_id_of(raw: &str, prefix: &str) -> String {
+    (raw.strip_prefix(prefix))
+        .filter(|hex| hex.len() == 16)
+        .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+        .map_or_else(|| raw.to_owned(), |id| id.to_string())
 }
 
 /// Each dead key's expiry reported exactly once (distinct ids) among `events` of one stream.

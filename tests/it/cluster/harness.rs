@@ -508,7 +508,8 @@ fn all_stopped(tasks: &str) -> bool {
 /// One frame of a member's live stream (`GET /v1/events`) as the test received it.
 #[derive(Clone, Debug)]
 pub struct StreamFrame {
-    /// `<run>-<seq>`: the member's own numbering (not the log's).
+    /// The event's place in the log, `log-<16 hex digits>` (the same on every member; a
+    /// member's own events, the guard's, add `.<n>`).
     pub id: String,
     /// `registered`, `expired`, `deleted`, `reset`, ...
     pub event: String,
@@ -529,16 +530,21 @@ impl EventTap {
     /// Connects to `base`'s stream; returns once the member answered 200 (events from then on
     /// are received).
     pub async fn follow(base: &str) -> Self {
+        Self::resume(base, None).await
+    }
+
+    /// [`EventTap::follow`], resuming after `last_event_id` (`Last-Event-ID`) if given.
+    pub async fn resume(base: &str, last_event_id: Option<&str>) -> Self {
         // No overall timeout: the stream lasts the whole test.
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
             .build()
             .expect("a client");
-        let response = client
-            .get(format!("{base}/v1/events"))
-            .send()
-            .await
-            .expect("the stream answers");
+        let mut request = client.get(format!("{base}/v1/events"));
+        if let Some(id) = last_event_id {
+            request = request.header("last-event-id", id);
+        }
+        let response = request.send().await.expect("the stream answers");
         assert_eq!(response.status(), StatusCode::OK, "GET {base}/v1/events");
         let frames = Arc::new(Mutex::new(Vec::new()));
         let ended = Arc::new(Mutex::new(None));

@@ -5,6 +5,7 @@
 //! load.
 
 pub mod driver;
+pub mod events;
 pub mod failover;
 pub mod harness;
 pub mod history;
@@ -12,4 +13,3 @@ pub mod membership;
 pub mod scenarios;
 pub mod ttl;
 pub mod upgrade;
-pub mod webhooks;

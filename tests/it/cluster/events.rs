@@ -1,7 +1,9 @@
-//! Webhooks from a cluster (issue 28, section 3, "Events once"), against real members and a
-//! real receiver: every member holds every expiry's event under the id its log entry gives
-//! it, only the leader sends, and its reports through the log empty the other members'
-//! outboxes; after a failover the next leader sends what was not settled, under the same ids.
+//! Events from a cluster (issue 28, section 3, "Events once"), against real members, a real
+//! receiver and real streams. Webhooks: every member holds every expiry's event under the id
+//! its log entry gives it, only the leader sends, and its reports through the log empty the
+//! other members' outboxes; after a failover the next leader sends what was not settled,
+//! under the same ids. Live streams: every member numbers an event by its place in the log,
+//! so a client resumes on any member with the id another one gave it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -9,7 +11,7 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
-use super::harness::{Cluster, WAIT};
+use super::harness::{Cluster, EventTap, StreamFrame, WAIT};
 use crate::receiver::{always, Received, Receiver};
 
 /// Registers `keys` for `ttl_s` through member `via`; panics unless each is created.
@@ -177,4 +179,93 @@ async fn a_new_leader_sends_what_the_old_one_could_not_under_the_same_ids() {
         doomed.len(),
         "the new leader sent: {view}"
     );
+}
+
+/// Waits until `tap` has received a frame `done` accepts; its frames so far.
+async fn frames_until(
+    tap: &EventTap,
+    cluster: &Cluster,
+    done: impl Fn(&[StreamFrame]) -> bool,
+) -> Vec<StreamFrame> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let frames = tap.frames();
+        if done(&frames) {
+            return frames;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stream never got there: {frames:?} ({:?})\n{}",
+            tap.ended(),
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The `(event, key)` of each frame, and each frame's id by key.
+fn seen(frames: &[StreamFrame]) -> (Vec<(String, String)>, BTreeMap<String, String>) {
+    let key = |frame: &StreamFrame| frame.data["key"].as_str().unwrap_or("").to_owned();
+    let events = frames.iter().map(|f| (f.event.clone(), key(f))).collect();
+    let ids = frames.iter().map(|f| (key(f), f.id.clone())).collect();
+    (events, ids)
+}
+
+/// Must hold: a client that read a member's stream up to some event and reconnects to another
+/// member with that event's id (`Last-Event-ID`) gets exactly the events after it, under the
+/// same ids: none twice, none missing, no `reset`; also from a member that had not applied
+/// them yet when the client came (it waits for them). Fails if ids are each member's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_resumes_on_another_member_after_the_last_event_it_read() {
+    let cluster = Cluster::start("events-resume", 3, &[]).await;
+    let leader = cluster.leader().await;
+    let first = cluster.running_other_than(&[leader]);
+    let lagging = cluster.running_other_than(&[leader, first]);
+    let on_leader = EventTap::follow(&cluster.base(leader)).await;
+    let created = keys("resume", 10);
+    register(&cluster, leader, &created[..5], 600).await;
+    let frames = frames_until(&on_leader, &cluster, |f| f.len() >= 5).await;
+    let (events, ids) = seen(&frames);
+    let registered = |names: &[String]| -> Vec<(String, String)> {
+        names
+            .iter()
+            .map(|key| ("registered".to_owned(), key.clone()))
+            .collect()
+    };
+    assert_eq!(events, registered(&created[..5]));
+    for id in ids.values() {
+        assert!(id.starts_with("log-"), "an id from the log: {id}");
+    }
+
+    // After the third event, on a follower: the fourth and fifth, under the leader's ids.
+    let third = &ids[&created[2]];
+    let on_follower = EventTap::resume(&cluster.base(first), Some(third)).await;
+    let resumed = frames_until(&on_follower, &cluster, |f| f.len() >= 2).await;
+    let (events, resumed_ids) = seen(&resumed);
+    assert_eq!(events, registered(&created[3..5]));
+    for (key, id) in &resumed_ids {
+        assert_eq!(id, &ids[key], "{key}: the same id on both members");
+    }
+
+    // A member that has not applied the next events yet: the client waits for them, and
+    // gets only what comes after its id.
+    cluster.pause(lagging).await;
+    register(&cluster, leader, &created[5..], 600).await;
+    let frames = frames_until(&on_leader, &cluster, |f| f.len() >= 10).await;
+    let (events, ids) = seen(&frames);
+    assert_eq!(events, registered(&created));
+    let (base, seventh) = (cluster.base(lagging), ids[&created[6]].clone());
+    // Sent while the member is stopped: it reads the request when it runs again, before or
+    // after it applies what it missed.
+    let connecting = tokio::spawn(async move { EventTap::resume(&base, Some(&seventh)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.resume(lagging);
+    let on_lagging = connecting.await.expect("the stream answers");
+    let resumed = frames_until(&on_lagging, &cluster, |f| f.len() >= 3).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (events, resumed_ids) = seen(&on_lagging.frames());
+    assert_eq!(events, registered(&created[7..]), "{resumed:?}");
+    for (key, id) in &resumed_ids {
+        assert_eq!(id, &ids[key], "{key}: the same id on both members");
+    }
 }

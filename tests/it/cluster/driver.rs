@@ -21,6 +21,10 @@
 //! - **Stopping** ([`Driver::stop`]): each client finishes its request in flight (bounded by
 //!   the request timeout) and sends no other; the stop instant is taken after the last one
 //!   completed, so no heartbeat of the driver's keys is sent after it.
+//! - **Writes** ([`Writer`]): a client that creates keys with a service and a long TTL, deletes
+//!   or moves some of them, and reads each write back through another member, recording every
+//!   attempt under the same conventions; it says which keys must be present (with which
+//!   service) or absent at the end ([`Fate`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -467,5 +471,411 @@ fn renewal_of(answer: &Value) -> (Outcome<Renewal>, String) {
     match code.starts_with("invalid_") {
         true => (Outcome::Failed, format!("item {code}")),
         false => (Outcome::Unknown, format!("item {code}")),
+    }
+}
+
+/// How a [`Writer`] behaves.
+#[derive(Clone, Debug)]
+pub struct WriterConfig {
+    /// Its keys are `<prefix>-<n>`, its services `<prefix>-svc-<n mod 3>`.
+    pub prefix: String,
+    /// Every creation's TTL: longer than the test, so that only a delete ends one of its keys.
+    pub ttl_s: u64,
+    /// Every `delete_every`-th step also deletes the oldest key it may delete (0: never).
+    pub delete_every: usize,
+    /// Every `move_every`-th step also moves the oldest key it may change to the service
+    /// `<its service>-moved` (0: never).
+    pub move_every: usize,
+    /// The pause after each step.
+    pub pace: Duration,
+    /// As [`DriverConfig::request_timeout`].
+    pub request_timeout: Duration,
+    /// The wait before retrying a write that failed, on the next member.
+    pub retry_after: Duration,
+}
+
+impl WriterConfig {
+    /// Keys `<prefix>-<n>` with a 10 min TTL, one step every 100 ms, nothing deleted or moved.
+    pub fn new(prefix: &str) -> Self {
+        Self {
+            prefix: prefix.to_owned(),
+            ttl_s: 600,
+            delete_every: 0,
+            move_every: 0,
+            pace: Duration::from_millis(100),
+            request_timeout: Duration::from_secs(1),
+            retry_after: Duration::from_millis(100),
+        }
+    }
+}
+
+/// What a writer's acknowledged writes say of one of its keys.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fate {
+    /// Its last write (a creation or a move) was acknowledged with this service and no delete
+    /// of it was sent: present at the end, with this service. `clean`: none of its writes had
+    /// an unknown outcome, so none may land later (only a clean key is deleted or moved: a
+    /// late creation would bring a deleted key back, or its old service).
+    Kept { service: String, clean: bool },
+    /// A delete of it was acknowledged (204, or 404: after an attempt that may have landed, or
+    /// because the key was lost, which the tests flag), and only clean keys are deleted:
+    /// absent at the end.
+    Deleted,
+    /// The writer stopped before a write of it was acknowledged: no promise.
+    Uncertain,
+}
+
+/// Every key a writer wrote, with its fate.
+pub type Written = BTreeMap<String, Fate>;
+
+/// How many writes a writer had acknowledged.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriterCounts {
+    pub created: usize,
+    pub deleted: usize,
+    pub moved: usize,
+}
+
+/// A client that creates keys and deletes or moves (to another service) some of them, one
+/// request at a time, each retried on the next member until acknowledged, and reads each one
+/// back (a linearizable `GET`) through the next member after it was written. Every attempt is
+/// recorded as a history op, as the [`Driver`]'s are (a delete's 204 is `Existed`, its 404
+/// `Missing`; a read's 200 `Present`, its 404 `Absent`; what the driver calls `Failed` or
+/// `Unknown` is so here too). It runs until [`Writer::stop`], which lets the write in flight
+/// end (its key is then [`Fate::Uncertain`] if it was not acknowledged).
+pub struct Writer {
+    ops: Arc<Mutex<Vec<Op>>>,
+    written: Arc<Mutex<Written>>,
+    counts: Arc<Mutex<WriterCounts>>,
+    /// Per answer that was not an acknowledgment ("503 no_leader", "no connection", ...): how
+    /// many attempts got it.
+    refusals: Arc<Mutex<BTreeMap<String, usize>>>,
+    stop: watch::Sender<bool>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Writer {
+    /// Starts writing through `members` (API base URLs) as history client `client`; the keys
+    /// of `inherited` (another writer's, say) are its own to delete and move as well.
+    pub fn start(
+        client: u32,
+        members: Vec<String>,
+        config: WriterConfig,
+        origin: Origin,
+        inherited: Written,
+    ) -> Self {
+        assert!(!members.is_empty());
+        let http = reqwest::Client::builder()
+            .timeout(config.request_timeout)
+            .connect_timeout(config.request_timeout)
+            .build()
+            .expect("a client");
+        let ops = Arc::new(Mutex::new(Vec::new()));
+        let written = Arc::new(Mutex::new(inherited));
+        let counts = Arc::new(Mutex::new(WriterCounts::default()));
+        let refusals = Arc::new(Mutex::new(BTreeMap::new()));
+        let (stop, stopped) = watch::channel(false);
+        let task = WriterTask {
+            client,
+            http,
+            members,
+            at: client as usize,
+            config,
+            origin,
+            ops: Arc::clone(&ops),
+            written: Arc::clone(&written),
+            counts: Arc::clone(&counts),
+            refusals: Arc::clone(&refusals),
+            stop: stopped,
+        };
+        Self {
+            ops,
+            written,
+            counts,
+            refusals,
+            stop,
+            task: Some(tokio::spawn(task.run())),
+        }
+    }
+
+    /// The writes acknowledged so far.
+    pub fn counts(&self) -> WriterCounts {
+        *self.counts.lock()
+    }
+
+    /// Attempts that were not acknowledged, per answer.
+    pub fn refusals(&self) -> BTreeMap<String, usize> {
+        self.refusals.lock().clone()
+    }
+
+    /// Stops after the write in flight; returns every attempt and each key's fate.
+    pub async fn stop(mut self) -> (Vec<Op>, Written) {
+        let _ = self.stop.send(true);
+        if let Some(task) = self.task.take() {
+            task.await.expect("the writer panicked");
+        }
+        let ops = self.ops.lock().clone();
+        let written = self.written.lock().clone();
+        (ops, written)
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+/// One write a writer retries until acknowledged.
+enum Write<'a> {
+    /// A heartbeat with the writer's TTL and this service: a creation or a move.
+    Put {
+        service: &'a str,
+    },
+    Delete,
+}
+
+/// The writer's task. See [`Writer`].
+struct WriterTask {
+    client: u32,
+    http: reqwest::Client,
+    members: Vec<String>,
+    /// The member it sends to now (an index into `members`, taken modulo its length).
+    at: usize,
+    config: WriterConfig,
+    origin: Origin,
+    ops: Arc<Mutex<Vec<Op>>>,
+    written: Arc<Mutex<Written>>,
+    counts: Arc<Mutex<WriterCounts>>,
+    refusals: Arc<Mutex<BTreeMap<String, usize>>>,
+    stop: watch::Receiver<bool>,
+}
+
+impl WriterTask {
+    async fn run(mut self) {
+        for step in 1.. {
+            if *self.stop.borrow() {
+                return;
+            }
+            let key = format!("{}-{step:05}", self.config.prefix);
+            let service = format!("{}-svc-{}", self.config.prefix, step % 3);
+            if self.write(&key, Write::Put { service: &service }).await {
+                self.counts.lock().created += 1;
+            }
+            if self.config.delete_every > 0 && step % self.config.delete_every == 0 {
+                if let Some(victim) = self.oldest_clean(|_| true) {
+                    if self.write(&victim, Write::Delete).await {
+                        self.counts.lock().deleted += 1;
+                    }
+                }
+            }
+            if self.config.move_every > 0 && step % self.config.move_every == 0 {
+                let unmoved = |service: &str| !service.ends_with("-moved");
+                if let Some(moved) = self.oldest_clean(unmoved) {
+                    let Some(Fate::Kept { service, .. }) = self.written.lock().get(&moved).cloned()
+                    else {
+                        unreachable!("a clean key is kept");
+                    };
+                    let service = format!("{service}-moved");
+                    if self.write(&moved, Write::Put { service: &service }).await {
+                        self.counts.lock().moved += 1;
+                    }
+                }
+            }
+            let pace = self.config.pace;
+            tokio::select! {
+                () = tokio::time::sleep(pace) => {}
+                _ = self.stop.changed() => {}
+            }
+        }
+    }
+
+    /// The first (by name) clean kept key whose service passes `service`.
+    fn oldest_clean(&self, service: impl Fn(&str) -> bool) -> Option<String> {
+        (self.written.lock().iter())
+            .find(|(_, fate)| matches!(fate, Fate::Kept { service: s, clean: true } if service(s)))
+            .map(|(key, _)| key.clone())
+    }
+
+    /// Sends `write` of `key`, on the next member after each failure, until it is acknowledged
+    /// or the writer is stopped; records every attempt and the key's fate, then reads the key
+    /// back through the next member. Whether it was acknowledged.
+    async fn write(&mut self, key: &str, write: Write<'_>) -> bool {
+        let mut clean = true;
+        loop {
+            let base = self.members[self.at % self.members.len()].clone();
+            let invoked = Instant::now();
+            let (kind, why) = match write {
+                Write::Put { service } => {
+                    let (outcome, why) = self.put_once(&base, key, service).await;
+                    let ttl_ms = self.config.ttl_s * 1000;
+                    (OpKind::Heartbeat { ttl_ms, outcome }, why)
+                }
+                Write::Delete => {
+                    let (outcome, why) = self.delete_once(&base, key).await;
+                    (OpKind::Delete { outcome }, why)
+                }
+            };
+            self.record(key, kind, invoked);
+            let acked = match kind {
+                OpKind::Heartbeat { outcome, .. } => matches!(outcome, Outcome::Ok(_)),
+                OpKind::Delete { outcome } => matches!(outcome, Outcome::Ok(_)),
+                OpKind::Read { .. } => unreachable!("a write"),
+            };
+            let unknown = matches!(
+                kind,
+                OpKind::Heartbeat {
+                    outcome: Outcome::Unknown,
+                    ..
+                } | OpKind::Delete {
+                    outcome: Outcome::Unknown
+                }
+            );
+            clean &= !unknown;
+            if acked {
+                let fate = match write {
+                    Write::Put { service } => Fate::Kept {
+                        service: service.to_owned(),
+                        clean,
+                    },
+                    Write::Delete => Fate::Deleted,
+                };
+                self.written.lock().insert(key.to_owned(), fate);
+                self.read_back(key).await;
+                return true;
+            }
+            *self.refusals.lock().entry(why).or_default() += 1;
+            self.at += 1;
+            let retry_after = self.config.retry_after;
+            tokio::select! {
+                () = tokio::time::sleep(retry_after) => {}
+                _ = self.stop.changed() => {}
+            }
+            if *self.stop.borrow() {
+                let mut written = self.written.lock();
+                let fate = written.entry(key.to_owned()).or_insert(Fate::Uncertain);
+                // A write that never reached a member (every attempt refused) changed nothing.
+                if !clean || matches!(write, Write::Delete) {
+                    *fate = Fate::Uncertain;
+                }
+                return false;
+            }
+        }
+    }
+
+    fn record(&self, key: &str, kind: OpKind, invoked: Instant) {
+        self.ops.lock().push(Op {
+            client: self.client,
+            key: key.to_owned(),
+            kind,
+            invoked_ms: self.origin.floor(invoked),
+            completed_ms: self.origin.ceil_now(),
+            applied_index: None,
+        });
+    }
+
+    async fn put_once(&self, base: &str, key: &str, service: &str) -> (Outcome<Renewal>, String) {
+        let item = json!({ "key": key, "ttl_s": self.config.ttl_s, "service": service });
+        let sent = (self.http.post(format!("{base}/v1/heartbeats")))
+            .json(&item)
+            .send()
+            .await;
+        match read(sent).await {
+            Ok(body) => renewal_of(&body),
+            Err(failed) => failed,
+        }
+    }
+
+    async fn delete_once(
+        &self,
+        base: &str,
+        key: &str,
+    ) -> (Outcome<super::history::Removal>, String) {
+        use super::history::Removal;
+        let sent = self
+            .http
+            .delete(format!("{base}/v1/keys/{key}"))
+            .send()
+            .await;
+        match answered(sent) {
+            Ok(StatusCode::NO_CONTENT) => (Outcome::Ok(Removal::Existed), "204".into()),
+            Ok(StatusCode::NOT_FOUND) => (Outcome::Ok(Removal::Missing), "404".into()),
+            Ok(status) if refuses_input(status) => (Outcome::Failed, status.to_string()),
+            Ok(status) => (Outcome::Unknown, status.to_string()),
+            Err((outcome, why)) => (outcome, why),
+        }
+    }
+
+    /// A linearizable read of `key` through the next member, recorded (not retried).
+    async fn read_back(&self, key: &str) {
+        use super::history::Presence;
+        let base = &self.members[(self.at + 1) % self.members.len()];
+        let invoked = Instant::now();
+        let sent = self.http.get(format!("{base}/v1/keys/{key}")).send().await;
+        let outcome = match answered::<Presence>(sent) {
+            Ok(StatusCode::OK) => Outcome::Ok(Presence::Present),
+            Ok(StatusCode::NOT_FOUND) => Outcome::Ok(Presence::Absent),
+            Ok(_) | Err((Outcome::Unknown, _)) => Outcome::Unknown,
+            Err(_) => Outcome::Failed,
+        };
+        self.record(key, OpKind::Read { outcome }, invoked);
+    }
+}
+
+/// A response's status, or what a request that got none means (as [`read`] says).
+fn answered<T>(
+    sent: reqwest::Result<reqwest::Response>,
+) -> Result<StatusCode, (Outcome<T>, String)> {
+    match sent {
+        Ok(response) => Ok(response.status()),
+        Err(error) if error.is_connect() => Err((Outcome::Failed, "no connection".into())),
+        Err(error) if error.is_timeout() => Err((Outcome::Unknown, "timed out".into())),
+        Err(_) => Err((Outcome::Unknown, "the exchange broke off".into())),
+    }
+}
+
+/// Per key, the latest end of a TTL an acknowledged heartbeat promised (`invoked + ttl`): until
+/// then, by the deadline lemma of [`super::history`], only a delete may end the key.
+pub fn promises(ops: &[Op]) -> BTreeMap<String, Ms> {
+    let mut promised: BTreeMap<String, Ms> = BTreeMap::new();
+    for op in ops {
+        if let OpKind::Heartbeat {
+            ttl_ms,
+            outcome: Outcome::Ok(_),
+        } = op.kind
+        {
+            let until = promised.entry(op.key.clone()).or_default();
+            *until = (*until).max(op.invoked_ms + ttl_ms);
+        }
+    }
+    promised
+}
+
+/// How the operations ended, for a summary: per kind, acknowledged / refused / unknown.
+pub fn tally(ops: &[Op]) -> String {
+    let mut counts: BTreeMap<&str, [usize; 3]> = BTreeMap::new();
+    for op in ops {
+        let (kind, effect) = match op.kind {
+            OpKind::Heartbeat { outcome, .. } => ("heartbeats", outcome_slot(&outcome)),
+            OpKind::Delete { outcome } => ("deletes", outcome_slot(&outcome)),
+            OpKind::Read { outcome } => ("reads", outcome_slot(&outcome)),
+        };
+        counts.entry(kind).or_default()[effect] += 1;
+    }
+    (counts.iter())
+        .map(|(kind, [ok, failed, unknown])| {
+            format!("{kind}: {ok} acknowledged, {failed} refused, {unknown} unknown")
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn outcome_slot<T>(outcome: &Outcome<T>) -> usize {
+    match outcome {
+        Outcome::Ok(_) => 0,
+        Outcome::Failed => 1,
+        Outcome::Unknown => 2,
     }
 }

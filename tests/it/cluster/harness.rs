@@ -5,9 +5,11 @@
 //!
 //! Every process is killed by PID when its [`Member`] is dropped (the harness drops them all
 //! when a test fails too), and each wait is bounded ([`WAIT`]): a test never hangs. A member
-//! can be killed (`kill -9`), paused and resumed (`kill -STOP`/`-CONT`, by PID) and isolated;
-//! an [`EventTap`] follows a member's live stream (`GET /v1/events`) and keeps every frame
-//! with the instant it arrived.
+//! can be killed (`kill -9`), stopped gracefully (SIGTERM, [`Cluster::terminate`]), restarted
+//! on its data directory (at the same API address with [`fixed_api_flags`]), paused and resumed
+//! (`kill -STOP`/`-CONT`, by PID) and isolated; an [`EventTap`] follows a member's live stream
+//! (`GET /v1/events`) and keeps every frame with the instant it arrived;
+//! [`Cluster::settled_listings`] reads what every member lists at one applied index.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -132,16 +134,11 @@ impl Cluster {
             if let Some((_, from)) = seed.as_ref().filter(|(seeded, _)| *seeded == id) {
                 std::fs::rename(from, &dir).expect("the seed directory moves in");
             }
-            let mut args: Vec<String> = [
-                "--listen",
-                "127.0.0.1:0",
-                "--log-format",
-                "text",
-                "--node-id",
-            ]
-            .iter()
-            .map(|arg| (*arg).to_owned())
-            .collect();
+            let mut extra = extra(id);
+            // clap takes `--listen` once: one among the extra flags replaces port 0.
+            let listen = take_flag(&mut extra, "--listen").unwrap_or_else(|| "127.0.0.1:0".into());
+            let mut args: Vec<String> = vec!["--listen".into(), listen];
+            args.extend(["--log-format", "text", "--node-id"].map(str::to_owned));
             args.push(id.to_string());
             args.extend(["--cluster-listen".into(), addr.to_string()]);
             args.extend(["--initial-cluster".into(), initial.clone()]);
@@ -150,7 +147,7 @@ impl Cluster {
                 let link = links[&(id, to)].addr();
                 args.extend(["--peer-route".into(), format!("{to}={link}")]);
             }
-            args.extend(extra(id));
+            args.extend(extra);
             dirs.push(dir);
             let process = Some(Server::spawn(&args, &no_backtrace()));
             members.insert(id, Member { id, process, args });
@@ -625,4 +622,193 @@ fn parse_frame(text: &str, received: std::time::Instant) -> Option<StreamFrame> 
         data: data.unwrap_or(Value::Null),
         received,
     })
+}
+
+/// Removes `flag` and the value after it from `args`; returns the value.
+fn take_flag(args: &mut Vec<String>, flag: &str) -> Option<String> {
+    let at = args.iter().position(|arg| arg == flag)?;
+    let value = args.get(at + 1).cloned();
+    args.drain(at..(at + 2).min(args.len()));
+    value
+}
+
+/// `--listen` on a port of the member's own below the ephemeral range ([`free_port`]), for
+/// [`Cluster::start_each`]: a member restarted with it comes back where its clients know it,
+/// as a real member does. (With the default port 0 a restarted member gets a new address,
+/// and a port from the ephemeral range, free between a stop and a start, may be taken by any
+/// connection meanwhile.)
+pub fn fixed_api_flags() -> Vec<String> {
+    vec!["--listen".to_owned(), free_port().to_string()]
+}
+
+/// One heavy scenario at a time (the rolling restart, the isolated follower): each runs three
+/// debug members and hundreds of clients on a 2-core machine, and a second one beside it would
+/// starve both of CPU.
+pub static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+impl Cluster {
+    /// Stops member `id` with SIGTERM (the graceful stop: the API stops accepting, requests in
+    /// flight finish, then Raft stops) and waits for it to exit, at most 10 s (then it is
+    /// killed and the test fails); returns its exit code.
+    pub async fn terminate(&mut self, id: u64) -> Option<i32> {
+        let member = self.members.get_mut(&id).expect("a member");
+        let process = member.process.take().expect("running");
+        process.signal("-TERM");
+        // `wait` polls with a blocking sleep: off the runtime, whose workers run the clients.
+        match tokio::task::spawn_blocking(move || process.wait()).await {
+            Ok(code) => code,
+            Err(failed) => std::panic::resume_unwind(failed.into_panic()),
+        }
+    }
+
+    /// Every key in `state` (`alive`, `expired`) that member `id` has applied, with its service
+    /// (`None`: it has none).
+    pub async fn stale_services_in(
+        &self,
+        id: u64,
+        state: &str,
+    ) -> Option<BTreeMap<String, Option<String>>> {
+        let mut keys = BTreeMap::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let mut url = reqwest::Url::parse(&format!("{}/v1/keys", self.base(id))).ok()?;
+            url.query_pairs_mut()
+                .append_pair("consistency", "stale")
+                .append_pair("state", state)
+                .append_pair("limit", "1000");
+            if let Some(cursor) = &cursor {
+                url.query_pairs_mut().append_pair("cursor", cursor);
+            }
+            let response = self.client.get(url).send().await.ok()?;
+            if response.status() != StatusCode::OK {
+                return None;
+            }
+            let body: Value = response.json().await.ok()?;
+            for key in body["keys"].as_array()? {
+                let service = key["service"].as_str().map(str::to_owned);
+                keys.insert(key["key"].as_str()?.to_owned(), service);
+            }
+            match body["next_cursor"].as_str() {
+                Some(next) => cursor = Some(next.to_owned()),
+                None => break,
+            }
+        }
+        Some(keys)
+    }
+}
+
+impl EventTap {
+    /// Every `expired` frame received so far: its key and when it arrived.
+    pub fn expiries(&self) -> Vec<(String, std::time::Instant)> {
+        (self.frames.lock().iter())
+            .filter(|frame| frame.event == "expired")
+            .map(|frame| {
+                let key = frame.data["key"].as_str().unwrap_or_default().to_owned();
+                (key, frame.received)
+            })
+            .collect()
+    }
+}
+
+/// What members list at one applied index ([`Cluster::settled_listings`]).
+#[derive(Clone, Debug)]
+pub struct Listings {
+    /// The applied index every member reported before and after listing.
+    pub index: u64,
+    /// When the first listing was asked for.
+    pub started: std::time::Instant,
+    /// When the last one was answered.
+    pub completed: std::time::Instant,
+    /// Each member's alive keys and their services.
+    pub alive: BTreeMap<u64, BTreeMap<String, Option<String>>>,
+    /// Each member's expired keys (`state=expired`) and their services.
+    pub expired: BTreeMap<u64, BTreeMap<String, Option<String>>>,
+}
+
+impl Listings {
+    /// The members whose alive or expired listing differs from the first member's, described.
+    pub fn differences(&self) -> Vec<String> {
+        let mut found = Vec::new();
+        for (what, listings) in [("alive", &self.alive), ("expired", &self.expired)] {
+            let Some((&first, reference)) = listings.iter().next() else {
+                continue;
+            };
+            for (&id, listed) in listings {
+                if listed == reference {
+                    continue;
+                }
+                let only_here: Vec<_> = (listed.iter())
+                    .filter(|(key, service)| reference.get(*key) != Some(*service))
+                    .take(10)
+                    .collect();
+                let only_there: Vec<_> = (reference.iter())
+                    .filter(|(key, service)| listed.get(*key) != Some(*service))
+                    .take(10)
+                    .collect();
+                found.push(format!(
+                    "at applied index {}, member {id}'s {what} listing ({} keys) differs from \
+                     member {first}'s ({} keys): only member {id} has {only_here:?}; only \
+                     member {first} has {only_there:?} (10 at most each)",
+                    self.index,
+                    listed.len(),
+                    reference.len(),
+                ));
+            }
+        }
+        found
+    }
+}
+
+impl Cluster {
+    /// Lists the alive and expired keys (with their services) of each of `members` once they
+    /// all report one applied index, the same before and after the listings: what they have
+    /// applied is then the same log prefix, so a difference between them is a divergence, not
+    /// a lag. Retries until then, at most [`WAIT`] (then the test fails, saying why).
+    pub async fn settled_listings(&self, members: &[u64]) -> Listings {
+        let started_waiting = std::time::Instant::now();
+        loop {
+            let before = self.applied_indexes(members).await;
+            let started = std::time::Instant::now();
+            let (mut alive, mut expired) = (BTreeMap::new(), BTreeMap::new());
+            for &id in members {
+                if let Some(keys) = self.stale_services_in(id, "alive").await {
+                    alive.insert(id, keys);
+                }
+                if let Some(keys) = self.stale_services_in(id, "expired").await {
+                    expired.insert(id, keys);
+                }
+            }
+            let completed = std::time::Instant::now();
+            let after = self.applied_indexes(members).await;
+            let one_index = (before.len() == members.len())
+                .then(|| before[0])
+                .filter(|index| before.iter().chain(&after).all(|i| i == index));
+            let whole = alive.len() == members.len() && expired.len() == members.len();
+            if let (Some(index), true) = (one_index, whole && before == after) {
+                return Listings {
+                    index,
+                    started,
+                    completed,
+                    alive,
+                    expired,
+                };
+            }
+            assert!(
+                started_waiting.elapsed() < WAIT,
+                "members {members:?} never listed at one applied index within {WAIT:?}: \
+                 {before:?} then {after:?}\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The applied index of each of `members` that answers.
+    async fn applied_indexes(&self, members: &[u64]) -> Vec<u64> {
+        let mut indexes = Vec::new();
+        for &id in members {
+            indexes.extend(self.applied_index(id).await);
+        }
+        indexes
+    }
 }

@@ -1,0 +1,529 @@
+//! A follower cut off from both peers, then healed (issue 28, section 5; docs/cluster-design.md,
+//! section 10). Three members under load: keep-alive clients ([`Driver`]) heartbeat 150 keys
+//! every TTL/3 (TTLs 3-6 s) through any member, and a [`Writer`] has created keys with
+//! services. Then thirty keys' clients stop, and a follower's links to and from both peers
+//! are blackholed ([`Cluster::isolate`]) for at least 10 s: fifty checkpoints, every live
+//! key's deadline as the follower last knew it passes, and the majority expires the thirty dead
+//! keys meanwhile, while a second writer on the majority creates keys, deletes some of the
+//! first writer's and moves others to another service. Linearizable reads are sent to the
+//! cut-off follower every 250 ms. Then the links are healed.
+//!
+//! **What must hold** (each checked; any violation fails the test, with the members' logs):
+//! - *The cut-off follower changes nothing by itself*: from 1 s after the cut (entries
+//!   committed before it are applied by then) to the heal, its stream carries no event at all
+//!   (no `expired` above all: only a leader with a quorum expires), and its alive and expired
+//!   listings (with services) stay as they were 1 s after the cut; it still lists every dead
+//!   key the majority expired meanwhile.
+//! - *It serves no linearizable read*: every read sent to it after the cut is answered 503
+//!   (`no_leader`/`no_quorum`: it cannot reach the leader) or not at all (a forward lost in the
+//!   blackhole); never 200 or 404, which would be its own stale state. At least one 503 came.
+//! - *It converges*: within [`WAIT`] of the heal every member lists, at one applied index, the
+//!   same alive keys with the same services and the same expired keys; its `GET /v1/cluster`
+//!   shows `applied_index` equal to the leader's `committed_index`; its stream then reports
+//!   each dead key expired exactly once (as every member's does).
+//! - *Nothing acknowledged is lost, nothing live expires*: at the end (clients stopped, one
+//!   applied index) every member lists each written key with its last acknowledged service and
+//!   none whose delete was acknowledged, and no delete found its key already gone; no live key is reported expired on any stream or
+//!   listed expired (the heal may depose the leader: the follower comes back with a higher
+//!   term); the history checker passes on every client operation and the final listing.
+//! - *The scenario did what it says*: the majority expired every dead key, and the writer
+//!   created, deleted and moved keys, while the follower was cut off.
+//!
+//! Webhooks are left out: each member still delivers its own (the outbox check comes with the
+//! events-once change).
+//!
+//! **What would make it fail**: a follower that sweeps by its own clock (the deadlines it holds
+//! from checkpoints pass while it is cut off) publishes expiries and drops keys; a follower that
+//! answers a linearizable read from its own state when the leader is unreachable; a follower
+//! that never catches up after the blackhole (a replication stream left broken, a log conflict
+//! resolved wrongly) or applies the log differently (listings differ at one index); a member
+//! that publishes an entry's events twice, or none, when it catches up.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use tokio::sync::watch;
+
+use super::driver::{self, Driver, DriverConfig, KeySpec, Origin, Writer, WriterConfig, Written};
+use super::harness::{Cluster, EventTap, HEAVY, WAIT};
+use super::history::{self, History, Ms, Op, Rules};
+use super::rolling::{
+    assert_clean, created_twice, deletes_of_lost_keys, fates, final_state, listed_expired,
+    lost_writes, stream_expiries,
+};
+
+/// The shortest cut: fifty checkpoints (200 ms), past every live key's deadline (6 s at most)
+/// as the follower last knew it.
+const CUT_AT_LEAST: Duration = Duration::from_secs(10);
+/// After the cut, by when the follower has applied what was committed before it.
+const SETTLE_CUT: Duration = Duration::from_secs(1);
+/// Between two linearizable reads sent to the cut-off follower.
+const PROBE_EVERY: Duration = Duration::from_millis(250);
+/// How long the clients renew before the dead ones stop.
+const RENEWING: Duration = Duration::from_secs(2);
+
+/// A linearizable read sent to the cut-off follower and its answer.
+struct ReadProbe {
+    path: String,
+    invoked_ms: Ms,
+    /// `None`: no answer within the probe's timeout.
+    status: Option<StatusCode>,
+    code: Option<String>,
+}
+
+/// Must hold: see the module documentation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_follower_expires_nothing_serves_no_linearizable_read_and_converges() {
+    let _one_at_a_time = HEAVY.lock().await;
+    let cluster = Cluster::start(
+        "partition",
+        3,
+        // The mass-expiry guard holds due keys: it would hide a false expiration.
+        &["--expiry-guard", "off"],
+    )
+    .await;
+    let leader = cluster.leader().await;
+    let term_before = term_of(&cluster, leader).await;
+    let cut = cluster.running_other_than(&[leader]);
+    let majority: Vec<u64> = (cluster.running().into_iter())
+        .filter(|&id| id != cut)
+        .collect();
+    let all = cluster.running();
+    let origin = Origin::now();
+    let mut taps = Vec::new();
+    for &id in &all {
+        taps.push((id, EventTap::follow(&cluster.base(id)).await));
+    }
+    let bases: Vec<String> = all.iter().map(|&id| cluster.base(id)).collect();
+    let live_keys = KeySpec::spread("live", 150, 3..=6);
+    let dead_keys = KeySpec::spread("dead", 30, 3..=5);
+    let live = Driver::start(
+        1,
+        bases.clone(),
+        live_keys.clone(),
+        DriverConfig::default(),
+        origin,
+    );
+    let dead = Driver::start(
+        1_000,
+        bases.clone(),
+        dead_keys.clone(),
+        DriverConfig::default(),
+        origin,
+    );
+    let before = Writer::start(
+        2_000,
+        bases,
+        WriterConfig::new("before"),
+        origin,
+        Written::new(),
+    );
+    for driver in [&live, &dead] {
+        if let Err(why) = driver.wait_registered(WAIT).await {
+            panic!("{why}\n{}", cluster.logs());
+        }
+    }
+    tokio::time::sleep(RENEWING).await;
+    let (before_ops, before_written) = before.stop().await;
+    let (dead_ops, _) = dead.stop().await;
+
+    cluster.isolate(cut);
+    let isolated = Instant::now();
+    let majority_bases: Vec<String> = majority.iter().map(|&id| cluster.base(id)).collect();
+    let during_config = WriterConfig {
+        delete_every: 2,
+        move_every: 2,
+        ..WriterConfig::new("during")
+    };
+    let during = Writer::start(3_000, majority_bases, during_config, origin, before_written);
+    let (stop_probing, probing) = watch::channel(false);
+    let dead_set: BTreeSet<String> = dead_keys.iter().map(|spec| spec.key.clone()).collect();
+    let cut_off = async {
+        tokio::time::sleep(SETTLE_CUT).await;
+        let at_cut = cut_off_state(&cluster, cut).await;
+        let majority_expired = wait_cut(&cluster, leader, &dead_set, &during, isolated).await;
+        let at_heal = cut_off_state(&cluster, cut).await;
+        let _ = stop_probing.send(true);
+        (at_cut, majority_expired, at_heal)
+    };
+    let (probes, (at_cut, majority_expired, at_heal)) =
+        tokio::join!(probe_reads(&cluster, cut, origin, probing), cut_off);
+    let (during_counts, during_refusals) = (during.counts(), during.refusals());
+    let (during_ops, written) = during.stop().await;
+    let healed_ms = origin.floor_now();
+    let healed = Instant::now();
+    cluster.heal();
+
+    let mut found = Vec::new();
+    found.extend(majority_expired);
+    if during_counts.created == 0 || during_counts.deleted == 0 || during_counts.moved == 0 {
+        found.push(format!(
+            "the majority's writer did not create, delete and move keys while {cut} was cut off: \
+             {during_counts:?}; not acknowledged: {during_refusals:?}"
+        ));
+    }
+    found.extend(unchanged_while_cut_off(cut, &at_cut, &at_heal, &dead_set));
+    let cut_ms = origin.ceil(isolated);
+    found.extend(events_while_cut_off(
+        &taps,
+        cut,
+        origin,
+        cut_ms + SETTLE_CUT.as_millis() as Ms,
+        healed_ms,
+    ));
+    found.extend(served_reads(cut, cut_ms, &probes));
+
+    // Under load (the live clients run, checkpoints go on): bounded by `settled_listings`.
+    let converged = cluster.settled_listings(&all).await;
+    let converged_after = healed.elapsed();
+    found.extend(converged.differences());
+    let (leader_after, caught_up) = caught_up(&cluster, cut).await;
+    let caught_up_after = healed.elapsed();
+    let term_after = term_of(&cluster, leader_after).await;
+    found.extend(expired_once_each(&taps, &dead_set, origin).await);
+    let mut expired_listings = BTreeMap::new();
+    for &id in &all {
+        let listed = (cluster.stale_keys_in(id, "expired").await)
+            .unwrap_or_else(|| panic!("member {id} lists no expired keys"));
+        expired_listings.insert(id, listed);
+    }
+    let live_answers = live.answers();
+    let (live_ops, _) = live.stop().await;
+    let live_stopped_ms = origin.ceil_now();
+    let listings = cluster.settled_listings(&all).await;
+
+    let live_set: BTreeSet<String> = live_keys.iter().map(|spec| spec.key.clone()).collect();
+    let ops: Vec<Op> = (live_ops.iter())
+        .chain(&dead_ops)
+        .chain(&before_ops)
+        .chain(&during_ops)
+        .cloned()
+        .collect();
+    let promised = driver::promises(&ops);
+    found.extend(stream_expiries(
+        &taps,
+        &live_set,
+        live_stopped_ms,
+        &promised,
+        origin,
+    ));
+    found.extend(listed_expired(&expired_listings, &live_set, &written));
+    found.extend(created_twice(&live_ops, &live_set));
+    found.extend(deletes_of_lost_keys(&during_ops));
+    found.extend(listings.differences());
+    found.extend(lost_writes(
+        &listings, &written, &live_set, &dead_set, &promised, origin,
+    ));
+    let history = History {
+        ops,
+        events: Vec::new(),
+        streams: BTreeMap::new(),
+        // The dead keys' timing needs events with log ids: judged by the listings instead.
+        stopped: Vec::new(),
+        failovers: Vec::new(),
+        final_state: Some(final_state(&listings, origin)),
+        rules: Rules {
+            grace_ms: 5_000,
+            slack_ms: 1_000,
+        },
+        ended_ms: origin.ceil_now(),
+    };
+    found.extend(history::check_all(&history).iter().map(ToString::to_string));
+
+    let answered: BTreeMap<String, usize> =
+        probes.iter().fold(BTreeMap::new(), |mut seen, probe| {
+            let status = probe.status.map(|status| status.as_u16());
+            let answer = format!("{}: {status:?} {:?}", probe.path, probe.code);
+            *seen.entry(answer).or_default() += 1;
+            seen
+        });
+    let summary = format!(
+        "partition: leader {leader} (term {term_before}), member {cut} cut off at {cut_ms} ms, \
+         healed at {healed_ms} ms ({} ms later); {} linearizable reads sent to it: \
+         {answered:?}\nconverged (one applied index, {}) {converged_after:?} after the heal; \
+         caught up with leader {leader_after} (term {term_after}, index {caught_up}) \
+         {caught_up_after:?} after it\nlive clients: {}; dead \
+         clients: {}\nwriters: {}; {}; during the cut {during_counts:?}, not acknowledged: \
+         {during_refusals:?}; {}\nlive clients' answers:\n{live_answers:?}",
+        healed_ms - cut_ms,
+        probes.len(),
+        converged.index,
+        driver::tally(&live_ops),
+        driver::tally(&dead_ops),
+        driver::tally(&before_ops),
+        driver::tally(&during_ops),
+        fates(&written),
+    );
+    assert_clean(&cluster, &found, &summary, &history);
+}
+
+/// Member `id`'s Raft term, per `GET /v1/cluster`.
+async fn term_of(cluster: &Cluster, id: u64) -> u64 {
+    (cluster.status(id).await)
+        .and_then(|status| status["term"].as_u64())
+        .unwrap_or_else(|| panic!("member {id} shows no term"))
+}
+
+/// The cut-off member's listings (alive and expired, with services) and applied index.
+#[derive(Debug, PartialEq)]
+struct CutOffState {
+    alive: BTreeMap<String, Option<String>>,
+    expired: BTreeMap<String, Option<String>>,
+    applied_index: Option<u64>,
+}
+
+async fn cut_off_state(cluster: &Cluster, id: u64) -> CutOffState {
+    let listed = |state| async move {
+        (cluster.stale_services_in(id, state).await)
+            .unwrap_or_else(|| panic!("member {id} lists no {state} keys while cut off"))
+    };
+    CutOffState {
+        alive: listed("alive").await,
+        expired: listed("expired").await,
+        applied_index: cluster.applied_index(id).await,
+    }
+}
+
+/// Waits, at most [`WAIT`] past [`CUT_AT_LEAST`], until the cut has lasted that long, the
+/// leader lists every dead key expired and the writer on the majority has created, deleted
+/// and moved keys. What the majority did not do by then, as violations.
+async fn wait_cut(
+    cluster: &Cluster,
+    leader: u64,
+    dead: &BTreeSet<String>,
+    writer: &Writer,
+    isolated: Instant,
+) -> Vec<String> {
+    loop {
+        let expired: BTreeSet<String> = (cluster.stale_keys_in(leader, "expired").await)
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        let counts = writer.counts();
+        let wrote = counts.created > 0 && counts.deleted > 0 && counts.moved > 0;
+        let waited = isolated.elapsed();
+        if waited >= CUT_AT_LEAST && dead.is_subset(&expired) && wrote {
+            return Vec::new();
+        }
+        if waited >= CUT_AT_LEAST + WAIT {
+            let missing: Vec<&String> = dead.difference(&expired).collect();
+            return match missing.is_empty() {
+                true => Vec::new(),
+                false => vec![format!(
+                    "the majority's leader {leader} did not expire dead keys {missing:?} while \
+                     the follower was cut off ({waited:?})"
+                )],
+            };
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Linearizable reads (one key, a page of the list) sent to member `id` every
+/// [`PROBE_EVERY`] until `stop` turns true.
+async fn probe_reads(
+    cluster: &Cluster,
+    id: u64,
+    origin: Origin,
+    mut stop: watch::Receiver<bool>,
+) -> Vec<ReadProbe> {
+    let http = reqwest::Client::new();
+    let base = cluster.base(id);
+    let mut probes = Vec::new();
+    for n in 0.. {
+        if *stop.borrow() {
+            break;
+        }
+        // A key the majority deletes first, and the list.
+        let path = match n % 2 {
+            0 => "/v1/keys/before-00001",
+            _ => "/v1/keys?limit=5",
+        };
+        let invoked_ms = origin.floor_now();
+        let answer = (http.get(format!("{base}{path}")))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await;
+        let (status, code) = match answer {
+            Ok(answer) => {
+                let status = answer.status();
+                let body: serde_json::Value = answer.json().await.unwrap_or_default();
+                (
+                    Some(status),
+                    body["error"]["code"].as_str().map(str::to_owned),
+                )
+            }
+            Err(_) => (None, None),
+        };
+        probes.push(ReadProbe {
+            path: path.to_owned(),
+            invoked_ms,
+            status,
+            code,
+        });
+        tokio::select! {
+            () = tokio::time::sleep(PROBE_EVERY) => {}
+            _ = stop.changed() => {}
+        }
+    }
+    probes
+}
+
+/// The cut-off member's listings changed between 1 s after the cut and the heal, or it no
+/// longer lists a dead key the majority expired.
+fn unchanged_while_cut_off(
+    id: u64,
+    at_cut: &CutOffState,
+    at_heal: &CutOffState,
+    dead: &BTreeSet<String>,
+) -> Vec<String> {
+    let mut found = Vec::new();
+    if at_cut != at_heal {
+        let dropped: Vec<&String> = (at_cut.alive.keys())
+            .filter(|key| !at_heal.alive.contains_key(*key))
+            .take(10)
+            .collect();
+        let expired: Vec<&String> = (at_heal.expired.keys())
+            .filter(|key| !at_cut.expired.contains_key(*key))
+            .take(10)
+            .collect();
+        found.push(format!(
+            "member {id} changed while cut off: applied index {:?} then {:?}; {} alive keys then \
+             {} (no longer alive: {dropped:?}); {} expired then {} (newly expired: {expired:?})",
+            at_cut.applied_index,
+            at_heal.applied_index,
+            at_cut.alive.len(),
+            at_heal.alive.len(),
+            at_cut.expired.len(),
+            at_heal.expired.len(),
+        ));
+    }
+    for key in dead.iter().filter(|key| !at_heal.alive.contains_key(*key)) {
+        found.push(format!(
+            "member {id} no longer listed dead key {key} alive while cut off"
+        ));
+    }
+    found
+}
+
+/// Events the cut-off member's stream carried between `from_ms` and `to_ms`: it can apply
+/// nothing then, so it has nothing to publish.
+fn events_while_cut_off(
+    taps: &[(u64, EventTap)],
+    id: u64,
+    origin: Origin,
+    from_ms: Ms,
+    to_ms: Ms,
+) -> Vec<String> {
+    (taps.iter().filter(|(tapped, _)| *tapped == id))
+        .flat_map(|(_, tap)| tap.frames())
+        .filter(|frame| (from_ms..to_ms).contains(&origin.ceil(frame.received)))
+        .map(|frame| {
+            format!(
+                "member {id} published {} {} at {} ms while cut off",
+                frame.event,
+                frame.data,
+                origin.ceil(frame.received)
+            )
+        })
+        .collect()
+}
+
+/// Linearizable reads the cut-off member answered with its own state (200 or 404) although
+/// sent after the cut; and a violation if none was answered 503.
+fn served_reads(id: u64, cut_ms: Ms, probes: &[ReadProbe]) -> Vec<String> {
+    let after: Vec<&ReadProbe> = (probes.iter())
+        .filter(|probe| probe.invoked_ms >= cut_ms)
+        .collect();
+    let mut found: Vec<String> = (after.iter())
+        .filter(|probe| {
+            probe
+                .status
+                .is_some_and(|status| status.is_success() || status == StatusCode::NOT_FOUND)
+        })
+        .map(|probe| {
+            format!(
+                "member {id} answered a linearizable read of {} sent {} ms after the cut: {:?} {:?}",
+                probe.path,
+                probe.invoked_ms - cut_ms,
+                probe.status,
+                probe.code
+            )
+        })
+        .collect();
+    let refused = (after.iter())
+        .filter(|probe| probe.status == Some(StatusCode::SERVICE_UNAVAILABLE))
+        .count();
+    if refused == 0 {
+        found.push(format!(
+            "none of the {} linearizable reads sent to member {id} while cut off was answered 503",
+            after.len()
+        ));
+    }
+    found
+}
+
+/// Waits until member `id` reports as applied exactly what the leader reports as committed
+/// (the leader's read before and after its own, so that no entry slipped in between); returns
+/// the leader and that index. At most [`WAIT`].
+async fn caught_up(cluster: &Cluster, id: u64) -> (u64, u64) {
+    let leader = cluster.leader().await;
+    let committed = |status: Option<serde_json::Value>| {
+        status.and_then(|status| status["committed_index"].as_u64())
+    };
+    let started = Instant::now();
+    loop {
+        let first = committed(cluster.status(leader).await);
+        let applied = cluster.applied_index(id).await;
+        let then = committed(cluster.status(leader).await);
+        if let (Some(index), true) = (first, first == applied && applied == then) {
+            return (leader, index);
+        }
+        assert!(
+            started.elapsed() < WAIT,
+            "member {id} never applied what leader {leader} had committed within {WAIT:?}: \
+             {first:?}, {applied:?}, {then:?}\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Each dead key's `expired` event exactly once on every member's stream (waited for, at most
+/// [`WAIT`], until every stream has each: the members have applied every expiry by now, but
+/// publishing may lag).
+async fn expired_once_each(
+    taps: &[(u64, EventTap)],
+    dead: &BTreeSet<String>,
+    origin: Origin,
+) -> Vec<String> {
+    let started = Instant::now();
+    loop {
+        let mut found = Vec::new();
+        let mut missing = false;
+        for (id, tap) in taps {
+            let mut times: BTreeMap<&String, Vec<Ms>> = BTreeMap::new();
+            for (key, received) in tap.expiries() {
+                if let Some(key) = dead.get(&key) {
+                    times.entry(key).or_default().push(origin.ceil(received));
+                }
+            }
+            for key in dead {
+                let seen = times.get(key).map_or(&[][..], Vec::as_slice);
+                missing |= seen.is_empty();
+                if seen.len() != 1 {
+                    found.push(format!(
+                        "member {id}'s stream reported dead key {key} expired {} times (at \
+                         {seen:?} ms)",
+                        seen.len()
+                    ));
+                }
+            }
+        }
+        if !missing || started.elapsed() >= WAIT {
+            return found;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -59,6 +59,8 @@ pub enum MembershipError {
          within {CAUGHT_UP_WITHIN} entries; retry"
     )]
     NotCaughtUp { id: NodeId, matched: u64, last: u64 },
+    #[error("another membership change is in progress; retry when it is done")]
+    Changing,
     #[error("this member does not lead; the leader is {0:?}")]
     NotLeader(Option<NodeId>),
     #[error("the membership change was not committed within {0:?}; it may still be; retry")]
@@ -109,12 +111,11 @@ fn change_outcome<T>(written: Written<T>) -> Result<(), MembershipError> {
             Err(MembershipError::NotLeader(forward.leader_id))
         }
         Ok(Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(refused)))) => {
-            Err(MembershipError::Conflict(match refused {
-                ChangeMembershipError::InProgress(_) => {
-                    "another membership change is in progress; retry when it is done".into()
-                }
-                other => other.to_string(),
-            }))
+            Err(match refused {
+                // Transient (the leader's own address update, or a joint change finishing).
+                ChangeMembershipError::InProgress(_) => MembershipError::Changing,
+                other => MembershipError::Conflict(other.to_string()),
+            })
         }
         Ok(Err(error)) => Err(MembershipError::Stopped(error.to_string())),
     }
@@ -300,7 +301,9 @@ async fn ask_until_done(
             Ok(answer) => {
                 let status = answer.status();
                 let text = answer.text().await.unwrap_or_default();
-                let later = status.is_server_error() || text.contains("\"not_caught_up\"");
+                let later = status.is_server_error()
+                    || text.contains("\"not_caught_up\"")
+                    || text.contains("\"membership_changing\"");
                 if !later {
                     tracing::error!(%url, %status, answer = %text, "--join: refused; not retrying");
                     return false;

@@ -24,6 +24,7 @@ impl From<MembershipError> for ApiError {
             MembershipError::NoSuchMember(_) => Self::NoSuchMember(message),
             MembershipError::Conflict(_) => Self::MembershipConflict(message),
             MembershipError::NotCaughtUp { .. } => Self::NotCaughtUp(message),
+            MembershipError::Changing => Self::MembershipChanging(message),
             MembershipError::NotLeader(_) => Self::NoLeader(message),
             MembershipError::NoQuorum(_) => Self::NoQuorum(message),
             MembershipError::Stopped(_) => Self::Internal(message),

@@ -88,6 +88,9 @@ pub enum ApiError {
     /// A learner asked to become a voter before it has caught up.
     #[error("{0}")]
     NotCaughtUp(String),
+    /// Another membership change is being committed: retry shortly.
+    #[error("{0}")]
+    MembershipChanging(String),
     /// A cluster member that knows no leader, or cannot reach it.
     #[error("{0}")]
     NoLeader(String),
@@ -120,9 +123,10 @@ impl ApiError {
             | Self::NotACluster
             | Self::NoSuchMember(_) => StatusCode::NOT_FOUND,
             Self::WebhookQueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
-            Self::GuardReleasing(_) | Self::MembershipConflict(_) | Self::NotCaughtUp(_) => {
-                StatusCode::CONFLICT
-            }
+            Self::GuardReleasing(_)
+            | Self::MembershipConflict(_)
+            | Self::NotCaughtUp(_)
+            | Self::MembershipChanging(_) => StatusCode::CONFLICT,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
@@ -167,6 +171,7 @@ impl ApiError {
             Self::NoSuchMember(_) => "no_such_member",
             Self::MembershipConflict(_) => "membership_conflict",
             Self::NotCaughtUp(_) => "not_caught_up",
+            Self::MembershipChanging(_) => "membership_changing",
             Self::NoLeader(_) => "no_leader",
             Self::NoQuorum(_) => "no_quorum",
             Self::Internal(_) => "internal",
@@ -225,7 +230,10 @@ impl IntoResponse for ApiError {
             }
             // "Later", and when: an election, a quorum or a learner's catching up takes about
             // a second (a forwarded request's 503 says the same, `cluster::forward`).
-            Self::NoLeader(_) | Self::NoQuorum(_) | Self::NotCaughtUp(_) => {
+            Self::NoLeader(_)
+            | Self::NoQuorum(_)
+            | Self::NotCaughtUp(_)
+            | Self::MembershipChanging(_) => {
                 response.headers_mut().insert(
                     axum::http::header::RETRY_AFTER,
                     axum::http::HeaderValue::from_static("1"),

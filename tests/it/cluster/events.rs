@@ -30,13 +30,13 @@ async fn register(cluster: &Cluster, via: u64, keys: &[String], ttl_s: u64) {
 }
 
 /// Member `id`'s `GET /v1/webhooks` entry for its one URL.
-async fn delivery(cluster: &Cluster, id: u64) -> Option<Value> {
+pub(super) async fn delivery(cluster: &Cluster, id: u64) -> Option<Value> {
     let (status, body, _) = cluster.call(id, Method::GET, "/v1/webhooks", None).await?;
     (status == StatusCode::OK).then(|| body["webhooks"][0].clone())
 }
 
 /// Waits until every member in `ids` holds nothing for its URL (`pending` 0).
-async fn wait_for_empty_outboxes(cluster: &Cluster, ids: &[u64]) {
+pub(super) async fn wait_for_empty_outboxes(cluster: &Cluster, ids: &[u64]) {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let mut views = Vec::new();
@@ -59,7 +59,7 @@ async fn wait_for_empty_outboxes(cluster: &Cluster, ids: &[u64]) {
 }
 
 /// The ids each key's `key.expired` requests carried, by key.
-fn ids_by_key(requests: &[Received]) -> BTreeMap<String, BTreeSet<String>> {
+pub(super) fn ids_by_key(requests: &[Received]) -> BTreeMap<String, BTreeSet<String>> {
     let mut by_key: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for request in requests {
         assert_eq!(request.json["type"], "key.expired", "{}", request.json);

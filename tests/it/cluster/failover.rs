@@ -34,8 +34,9 @@
 //! instead of expiring them, so it would hide a false expiration (a live key held, then renewed)
 //! and delay a true one past any bound; it is tested on its own, with no fault
 //! ([`a_leaders_expiry_guard_counts_each_expiry_once`]). The scenarios without a fault keep
-//! the default (on). One scenario runs at a time ([`SERIAL`]): each runs three debug members
-//! and hundreds of clients on a 2-core machine.
+//! the default (on). One heavy scenario runs at a time ([`HEAVY`], shared with the rolling
+//! restart and the partition): each runs three debug members and hundreds of clients on a
+//! 2-core machine.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -44,7 +45,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use super::driver::{Answers, Driver, DriverConfig, KeySpec, Origin};
-use super::harness::{Cluster, EventTap, WAIT};
+use super::harness::{Cluster, EventTap, HEAVY, WAIT};
 use super::history::{
     self, Delivery, Event, EventKind, Failover, FinalState, History, Ms, Op, OpKind, Outcome,
     Renewal, Rules, Stopped, Stream,
@@ -59,9 +60,6 @@ const SLACK_MS: Ms = 1_000;
 const FENCE_MS: Ms = 640;
 /// The header naming the member that served a forwarded request.
 const SERVED_BY: &str = "x-ttlwheel-leader";
-
-/// One scenario at a time (module documentation).
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Whether the members run the mass-expiry guard (module documentation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -861,7 +859,7 @@ async fn a_leaders_expiry_guard_counts_each_expiry_once() {
 /// Keys kept alive and keys whose clients stop, with no fault, the guard on: see the two tests
 /// above.
 async fn dead_clients(name: &str, live: Vec<KeySpec>, dead: Vec<KeySpec>) {
-    let _one_at_a_time = SERIAL.lock().await;
+    let _one_at_a_time = HEAVY.lock().await;
     let rig = Rig::start(name, Guard::On).await;
     let plan = Plan {
         quiet: Duration::ZERO,
@@ -890,7 +888,7 @@ async fn dead_clients(name: &str, live: Vec<KeySpec>, dead: Vec<KeySpec>) {
 /// for 13 s to over 90 s. Payloads are now capped by bytes too (`network::MAX_APPEND_BYTES`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_large_batches_is_committed_and_the_cluster_stays_available() {
-    let _one_at_a_time = SERIAL.lock().await;
+    let _one_at_a_time = HEAVY.lock().await;
     let rig = Rig::start("fo-burst", Guard::Off).await;
     rig.promoted_leader(&rig.all()).await;
     let config = DriverConfig {
@@ -910,7 +908,7 @@ async fn a_burst_of_large_batches_is_committed_and_the_cluster_stays_available()
 /// expired, none re-created), every dead key is reported once by each survivor by its bound,
 /// a survivor is promoted, and the survivors converge.
 async fn leader_kill(name: &str, plan: Plan) {
-    let _one_at_a_time = SERIAL.lock().await;
+    let _one_at_a_time = HEAVY.lock().await;
     let mut rig = Rig::start(name, Guard::Off).await;
     let before = rig.before_fault(&plan).await;
     let (old, survivors) = (before.old, rig.others(before.old));
@@ -994,7 +992,7 @@ async fn a_killed_leader_with_ten_thousand_live_keys_expires_none_of_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_leader_acknowledges_nothing_after_its_lease_and_rejoins_as_a_follower() {
     const PAUSE: Duration = Duration::from_secs(10);
-    let _one_at_a_time = SERIAL.lock().await;
+    let _one_at_a_time = HEAVY.lock().await;
     let rig = Rig::start("fo-pause", Guard::Off).await;
     let plan = Plan::new(
         KeySpec::spread("live", 150, 3..=30),
@@ -1084,7 +1082,7 @@ fn paused_leader_answers(old: u64, old_base: &str, probes: &[Probe]) -> Vec<Stri
 /// expiry once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_off_leader_answers_no_quorum_within_the_fence_and_expires_nothing() {
-    let _one_at_a_time = SERIAL.lock().await;
+    let _one_at_a_time = HEAVY.lock().await;
     let rig = Rig::start("fo-cut", Guard::Off).await;
     let plan = Plan {
         quiet: Duration::from_millis(500),

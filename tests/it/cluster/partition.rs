@@ -29,8 +29,9 @@
 //! - *The scenario did what it says*: the majority expired every dead key, and the writer
 //!   created, deleted and moved keys, while the follower was cut off.
 //!
-//! Webhooks are left out: each member still delivers its own (the outbox check comes with the
-//! events-once change).
+//! - *Webhooks converge*: every member has the same `--webhook-url`; after the heal every
+//!   member's outbox empties (the leader's delivery reports reach the healed follower too),
+//!   every dead key was delivered under one id, and no live key was.
 //!
 //! **What would make it fail**: a follower that sweeps by its own clock (the deadlines it holds
 //! from checkpoints pass while it is cut off) publishes expiries and drops keys; a follower that
@@ -46,12 +47,14 @@ use reqwest::StatusCode;
 use tokio::sync::watch;
 
 use super::driver::{self, Driver, DriverConfig, KeySpec, Origin, Writer, WriterConfig, Written};
+use super::events::{ids_by_key, wait_for_empty_outboxes};
 use super::harness::{Cluster, EventTap, HEAVY, WAIT};
 use super::history::{self, History, Ms, Op, Rules};
 use super::rolling::{
     assert_clean, created_twice, deletes_of_lost_keys, fates, final_state, listed_expired,
     lost_writes, stream_expiries,
 };
+use crate::receiver::{always, Receiver};
 
 /// The shortest cut: fifty checkpoints (200 ms), past every live key's deadline (6 s at most)
 /// as the follower last knew it.
@@ -76,11 +79,13 @@ struct ReadProbe {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_off_follower_expires_nothing_serves_no_linearizable_read_and_converges() {
     let _one_at_a_time = HEAVY.lock().await;
+    let receiver = Receiver::start(always(StatusCode::OK)).await;
+    let url = receiver.url().to_string();
     let cluster = Cluster::start(
         "partition",
         3,
         // The mass-expiry guard holds due keys: it would hide a false expiration.
-        &["--expiry-guard", "off"],
+        &["--expiry-guard", "off", "--webhook-url", &url],
     )
     .await;
     let leader = cluster.leader().await;
@@ -182,6 +187,8 @@ async fn a_cut_off_follower_expires_nothing_serves_no_linearizable_read_and_conv
     let caught_up_after = healed.elapsed();
     let term_after = term_of(&cluster, leader_after).await;
     found.extend(expired_once_each(&taps, &dead_set, origin).await);
+    wait_for_empty_outboxes(&cluster, &all).await;
+    found.extend(webhooks_of(&receiver, &dead_set));
     let mut expired_listings = BTreeMap::new();
     for &id in &all {
         let listed = (cluster.stale_keys_in(id, "expired").await)
@@ -259,6 +266,25 @@ async fn a_cut_off_follower_expires_nothing_serves_no_linearizable_read_and_conv
 }
 
 /// Member `id`'s Raft term, per `GET /v1/cluster`.
+/// Every dead key delivered, each under one id, and nothing else (a live key's expiry).
+fn webhooks_of(receiver: &Receiver, dead: &BTreeSet<String>) -> Vec<String> {
+    let by_key = ids_by_key(&receiver.requests());
+    let mut found = Vec::new();
+    for key in dead {
+        match by_key.get(key).map(BTreeSet::len) {
+            Some(1) => {}
+            Some(n) => found.push(format!("webhooks: {key} expired under {n} ids")),
+            None => found.push(format!("webhooks: {key}'s expiry was never delivered")),
+        }
+    }
+    for key in by_key.keys().filter(|key| !dead.contains(*key)) {
+        found.push(format!(
+            "webhooks: {key} was delivered expired, and it was not dead"
+        ));
+    }
+    found
+}
+
 async fn term_of(cluster: &Cluster, id: u64) -> u64 {
     (cluster.status(id).await)
         .and_then(|status| status["term"].as_u64())

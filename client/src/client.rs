@@ -548,7 +548,42 @@ impl Client {
     /// The cluster as the answering member sees it (`GET /v1/cluster`). A single node has no
     /// such route: [`Error::NotClustered`].
     pub async fn cluster_status(&self) -> Result<ClusterStatus, Error> {
-        let call = Call::new(Method::GET, "/v1/cluster".to_owned());
+        self.cluster_call(Call::new(Method::GET, "/v1/cluster".to_owned()))
+            .await
+    }
+
+    /// Adds member `id` as a learner (`POST /v1/cluster/members`, admin; served by the
+    /// leader): it reaches its peers at `peer_addr` (`HOST:PORT`) and clients at `api_addr`
+    /// (a URL). Adding it again with the same addresses answers as if done. The cluster as
+    /// the leader sees it once committed.
+    pub async fn add_member(
+        &self,
+        id: u64,
+        peer_addr: &str,
+        api_addr: &str,
+    ) -> Result<ClusterStatus, Error> {
+        let body = serde_json::json!({ "id": id, "peer_addr": peer_addr, "api_addr": api_addr });
+        let call = Call::new(Method::POST, "/v1/cluster/members".to_owned()).json(&body);
+        self.cluster_call(call).await
+    }
+
+    /// Makes learner `id` a voter (`POST /v1/cluster/members/{id}/promote`, admin). Refused
+    /// with `not_caught_up` until it is within 64 entries of the leader, and with
+    /// `membership_changing` while another change is committed: both are worth retrying.
+    pub async fn promote_member(&self, id: u64) -> Result<ClusterStatus, Error> {
+        let path = format!("/v1/cluster/members/{id}/promote");
+        self.cluster_call(Call::new(Method::POST, path)).await
+    }
+
+    /// Removes member `id`, voter or learner (`DELETE /v1/cluster/members/{id}`, admin). Stop
+    /// its process afterwards, and do not start it again on the same data directory.
+    pub async fn remove_member(&self, id: u64) -> Result<ClusterStatus, Error> {
+        let path = format!("/v1/cluster/members/{id}");
+        self.cluster_call(Call::new(Method::DELETE, path)).await
+    }
+
+    /// A cluster route's answer; a single node has none: [`Error::NotClustered`].
+    async fn cluster_call(&self, call: Call) -> Result<ClusterStatus, Error> {
         match self.inner.transport.send(&call).await {
             Ok(answer) => answer.json(),
             Err(Error::Api {

@@ -20,6 +20,27 @@ pub enum GuardAction {
 pub enum ClusterAction {
     /// Members, the leader, and how far each member's log trails the commit index.
     Status,
+    /// Adds a member as a learner (admin): it gets the log, and votes once promoted.
+    Add {
+        /// The new member's `--node-id`.
+        id: u64,
+        /// Its `--cluster-listen` address as peers reach it (HOST:PORT).
+        #[arg(long)]
+        peer_addr: String,
+        /// Its API's URL as clients reach it (`--advertise-api`).
+        #[arg(long)]
+        api_addr: String,
+    },
+    /// Makes a caught-up learner a voter (admin); refused until it is caught up: run it again.
+    Promote {
+        /// The learner's id.
+        id: u64,
+    },
+    /// Removes a member, voter or learner (admin); then stop its process.
+    Remove {
+        /// The member's id.
+        id: u64,
+    },
 }
 
 pub async fn services(client: &Client, output: Output) -> Result<(), CliError> {
@@ -154,8 +175,16 @@ pub async fn cluster(
     client: &Client,
     output: Output,
 ) -> Result<(), CliError> {
-    let ClusterAction::Status = action;
-    let status = client.cluster_status().await?;
+    let status = match action {
+        ClusterAction::Status => client.cluster_status().await?,
+        ClusterAction::Add {
+            id,
+            peer_addr,
+            api_addr,
+        } => client.add_member(id, &peer_addr, &api_addr).await?,
+        ClusterAction::Promote { id } => client.promote_member(id).await?,
+        ClusterAction::Remove { id } => client.remove_member(id).await?,
+    };
     match output {
         Output::Json => json_line(&status)?,
         Output::Table => print(&describe_cluster(&status))?,

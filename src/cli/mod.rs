@@ -158,7 +158,8 @@ pub enum ClientCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
-    /// The cluster: status (members, leader, replication lag).
+    /// The cluster: status (members, leader, replication lag); members added, promoted,
+    /// removed.
     Cluster {
         #[command(subcommand)]
         action: ClusterAction,

@@ -188,11 +188,17 @@ impl Cluster {
                 .replication
                 .as_ref()
                 .and_then(|replication| replication.get(&id).cloned().flatten())
-                .map_or(0, |log_id| log_id.index);
+                .map(|log_id| log_id.index);
             (metrics.last_log_index.unwrap_or(0), matched)
         };
-        if matched + CAUGHT_UP_WITHIN < last {
-            return Err(MembershipError::NotCaughtUp { id, matched, last });
+        // A learner that never acknowledged an entry is not caught up, however short the log:
+        // it may not even be running (a young cluster's log is shorter than the margin).
+        match matched {
+            Some(matched) if matched + CAUGHT_UP_WITHIN >= last => {}
+            _ => {
+                let matched = matched.unwrap_or(0);
+                return Err(MembershipError::NotCaughtUp { id, matched, last });
+            }
         }
         let change = ChangeMembers::AddVoterIds(BTreeSet::from([id]));
         let written = tokio::time::timeout(

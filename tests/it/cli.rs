@@ -367,3 +367,62 @@ async fn events_follows_the_stream_until_it_is_stopped() {
     assert_eq!(deleted["data"]["key"], first["data"]["key"]);
     assert!(deleted["id"].as_str().is_some_and(|id| id.contains('-')));
 }
+
+/// `ttlwheel cluster add|promote|remove` against a real cluster, through a follower (which
+/// forwards to the leader): a learner is added and shown, its promotion is refused while it
+/// has not caught up (it does not exist: it never will), it is removed, and a voter is removed.
+/// Each prints the cluster the leader answers with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_commands_add_promote_and_remove_members() {
+    let cluster = crate::cluster::harness::Cluster::start("cli-members", 3, &[]).await;
+    let leader = cluster.leader().await;
+    let follower = cluster.running_other_than(&[leader]);
+    let endpoint = cluster.base(follower);
+    let run = |args: &[&str]| {
+        let mut all = vec!["cluster"];
+        all.extend(args);
+        all.extend(["--endpoint", &endpoint, "--output", "json"]);
+        cli_with_env(&all, &[])
+    };
+    let ids = |run: &Run| -> Vec<(u64, bool)> {
+        let members = run.json()["members"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        (members.iter())
+            .map(|m| (m["id"].as_u64().unwrap(), m["voter"].as_bool().unwrap()))
+            .collect()
+    };
+
+    let nowhere = [
+        "--peer-addr",
+        "127.0.0.1:1",
+        "--api-addr",
+        "http://127.0.0.1:1",
+    ];
+    let added = run(&[&["add", "9"][..], &nowhere[..]].concat());
+    assert_eq!(added.code, 0, "{added:?}");
+    assert_eq!(
+        ids(&added),
+        [(1, true), (2, true), (3, true), (9, false)],
+        "{added:?}"
+    );
+    let promoted = run(&["promote", "9"]);
+    assert_eq!(promoted.code, 1, "{promoted:?}");
+    assert!(promoted.stderr.contains("not_caught_up"), "{promoted:?}");
+    let removed = run(&["remove", "9"]);
+    assert_eq!(removed.code, 0, "{removed:?}");
+    assert_eq!(ids(&removed), [(1, true), (2, true), (3, true)]);
+
+    let voter = cluster.running_other_than(&[leader, follower]);
+    let removed = run(&["remove", &voter.to_string()]);
+    assert_eq!(removed.code, 0, "{removed:?}");
+    let left: Vec<(u64, bool)> = (1..=3)
+        .filter(|&id| id != voter)
+        .map(|id| (id, true))
+        .collect();
+    assert_eq!(ids(&removed), left, "{removed:?}");
+    let table = cli_with_env(&["cluster", "status", "--endpoint", &endpoint], &[]);
+    assert_eq!(table.code, 0, "{table:?}");
+    assert!(table.stdout.contains("ROLE"), "{table:?}");
+}

@@ -215,6 +215,8 @@ pub struct Cluster {
     contacts: Arc<Contacts>,
     /// When this member last accepted an AppendEntries from a leader.
     leader_contact: Arc<Mutex<Option<Instant>>>,
+    /// The highest commit index an accepted AppendEntries named.
+    leader_commit: Arc<std::sync::atomic::AtomicU64>,
     /// The API's router, for requests forwarded to this member.
     api: Arc<OnceLock<Router>>,
     /// Whether this member may serve now (the lease task keeps it).
@@ -312,12 +314,14 @@ impl Cluster {
         .map_err(|error| ClusterError::Raft(error.to_string()))?;
         let api = Arc::new(OnceLock::new());
         let leader_contact = Arc::new(Mutex::new(None));
+        let leader_commit = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let peer_state = PeerState {
             raft: raft.clone(),
             auth,
             api: Arc::clone(&api),
             advertise_api: settings.advertise_api.clone(),
             leader_contact: Arc::clone(&leader_contact),
+            leader_commit: Arc::clone(&leader_commit),
         };
         let server = tokio::spawn(async move {
             let router = peer_server::router(peer_state);
@@ -350,6 +354,7 @@ impl Cluster {
             peers,
             contacts,
             leader_contact,
+            leader_commit,
             api,
             signals,
             stats,
@@ -620,8 +625,19 @@ impl Cluster {
             Some(_) if !recent(*self.leader_contact.lock()) => {
                 Err("this member has not heard from the leader recently".into())
             }
-            Some(_) if applied < committed => Err(format!("catching up: {applied} of {committed}")),
-            Some(_) => Ok(()),
+            Some(_) => {
+                // Its own commit index only goes as far as its log: a member that has just
+                // joined holds nothing and would look caught up. The leader's says how far.
+                let leader_commit = self
+                    .leader_commit
+                    .load(std::sync::atomic::Ordering::Acquire);
+                let committed = committed.max(leader_commit);
+                if applied < committed {
+                    Err(format!("catching up: {applied} of {committed}"))
+                } else {
+                    Ok(())
+                }
+            }
         }
     }
 

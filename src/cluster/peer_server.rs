@@ -52,6 +52,9 @@ pub struct PeerState {
     pub advertise_api: String,
     /// Stamped whenever an AppendEntries from a leader is accepted.
     pub leader_contact: Arc<Mutex<Option<Instant>>>,
+    /// The highest commit index a leader's accepted AppendEntries named (`/readyz` on a
+    /// follower: caught up means applied that far, not only as far as its own log goes).
+    pub leader_commit: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The peer listener's router.
@@ -126,12 +129,14 @@ async fn append(State(state): State<PeerState>, headers: HeaderMap, body: Bytes)
     if let Err(refused) = check(&state, route::APPEND, &headers, &body) {
         return refused.into_response();
     }
-    match parse(&body) {
+    match parse::<openraft::raft::AppendEntriesRequest<TypeConfig>>(&body) {
         Ok(request) => {
             let received = Instant::now();
+            let leader_commit = request.leader_commit.map_or(0, |log_id| log_id.index);
             let answer = state.raft.append_entries(request).await;
             if answer.as_ref().is_ok_and(|response| response.is_success()) {
                 *state.leader_contact.lock() = Some(received);
+                (state.leader_commit).fetch_max(leader_commit, std::sync::atomic::Ordering::AcqRel);
             }
             json(&answer)
         }

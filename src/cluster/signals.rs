@@ -90,6 +90,17 @@ impl LeaseSignals {
         self.blank_term.fetch_max(term, Ordering::AcqRel);
         self.wake.notify_one();
     }
+
+    /// The state machine applied an entry of `term`, or loaded a snapshot whose last entry is
+    /// of `term`: every term's first entry is its leader's blank entry, so that one was
+    /// applied, here or before the snapshot. (A leader restarted in its own term, its blank
+    /// entry inside the snapshot it loaded, would otherwise never serve: openraft does not
+    /// write a new one.)
+    pub fn term_applied(&self, term: u64) {
+        if term > self.blank_term() {
+            self.blank_applied(term);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -97,6 +97,9 @@ impl StateMachine {
             machine
                 .signals
                 .snapshot_loaded(meta.last_log_id.map(|id| id.index));
+            if let Some(last) = meta.last_log_id {
+                machine.signals.term_applied(last.leader_id.term);
+            }
             machine.last_applied = meta.last_log_id;
             machine.membership = meta.last_membership;
         }
@@ -113,6 +116,7 @@ impl StateMachine {
         let log_index = entry.log_id.index;
         self.last_applied = Some(entry.log_id);
         let term = entry.log_id.leader_id.term;
+        self.signals.term_applied(term);
         let n_records = match entry.payload {
             EntryPayload::Blank => {
                 self.signals.blank_applied(term);
@@ -281,6 +285,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         })?;
         self.signals
             .snapshot_loaded(meta.last_log_id.map(|id| id.index));
+        if let Some(last) = meta.last_log_id {
+            self.signals.term_applied(last.leader_id.term);
+        }
         self.last_applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
         Ok(())
@@ -597,6 +604,39 @@ mod tests {
                 .cloned()
                 .collect::<Vec<_>>()
         );
+    }
+
+    /// Must hold: a member whose term's blank entry is behind a snapshot it loaded (a leader
+    /// restarted in its own term: openraft writes no new blank entry) still knows the term's
+    /// blank entry was applied, or it would never serve. Any entry of a term counts too.
+    #[tokio::test]
+    async fn an_entry_or_a_snapshot_of_a_term_counts_as_its_blank_entry_applied() {
+        let epoch = Instant::now();
+        let dir = TempDir::new("sm-blank");
+        let parts = |signals: &Arc<LeaseSignals>| MachineParts {
+            registry: registry(epoch),
+            signals: Arc::clone(signals),
+            webhooks: Arc::default(),
+        };
+        let signals = Arc::new(LeaseSignals::new(epoch));
+        let mut machine = StateMachine::open(dir.path(), parts(&signals)).unwrap();
+        assert_eq!(signals.blank_term(), 0);
+        let writes = vec![upsert("k", Expiry::Never, None)];
+        machine
+            .apply([entry(3, EntryPayload::Normal(Command::Writes(writes)))])
+            .await
+            .unwrap();
+        assert_eq!(signals.blank_term(), 1, "an entry of term 1 was applied");
+        machine
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        drop(machine);
+        let restarted = Arc::new(LeaseSignals::new(epoch));
+        let _machine = StateMachine::open(dir.path(), parts(&restarted)).unwrap();
+        assert_eq!(restarted.blank_term(), 1, "the snapshot ends in term 1");
     }
 
     #[tokio::test]

@@ -7,7 +7,7 @@
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
-use super::harness::Cluster;
+use super::harness::{Cluster, WAIT};
 
 fn members(status: &Value) -> Vec<(u64, bool)> {
     let mut members: Vec<(u64, bool)> = status["members"]
@@ -51,12 +51,38 @@ async fn a_member_joins_catches_up_becomes_a_voter_and_a_voter_is_removed() {
     let leader = cluster.leader().await;
     let follower = cluster.running_other_than(&[leader]);
     let mut all = keys("before", 1000);
-    register(&cluster, leader, &all).await;
+    // In 200 entries: a joining member catches up over several AppendEntries, not one.
+    for entry in all.chunks(5) {
+        register(&cluster, leader, entry).await;
+    }
 
-    // The 4th member joins through a follower (forwarded to the leader).
+    // The 4th member joins through a follower (forwarded to the leader). It must not say it
+    // is ready (`/readyz`) before it holds what was committed before it joined.
     cluster.join("members", 4, follower, &[]);
+    let committed_before = all.clone();
+    let first_ready = async {
+        let started = std::time::Instant::now();
+        while !cluster.ready(4).await {
+            assert!(
+                started.elapsed() < WAIT,
+                "member 4 never ready\n{}",
+                cluster.logs()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        cluster.stale_keys(4).await.unwrap_or_default()
+    };
     let during = keys("during", 500);
-    register(&cluster, follower, &during).await;
+    let (held, ()) = tokio::join!(first_ready, register(&cluster, follower, &during));
+    let missing = (committed_before.iter())
+        .filter(|key| !held.contains(key))
+        .count();
+    assert_eq!(
+        missing,
+        0,
+        "member 4 answered /readyz 200 holding {} keys, without {missing} committed before it joined",
+        held.len()
+    );
     all.extend(during);
     let status = cluster
         .wait_for_status(leader, "made member 4 a voter", |status| {

@@ -32,7 +32,7 @@ OUT=${OUT:-$(mktemp -d /var/tmp/ttlwheel-vs-etcd.XXXXXX)}
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 cargo build --release --quiet -p ttlwheel --bin ttlwheel
 cargo build --release --quiet -p ttlwheel-load
-cargo build --release --quiet --manifest-path bench/etcd-load/Cargo.toml
+cargo build --release --quiet --manifest-path bench/etcd-load/Cargo.toml --target-dir "$TARGET_DIR"
 SERVER=${SERVER:-$TARGET_DIR/release/ttlwheel}
 LOAD=$TARGET_DIR/release/ttlwheel-load
 ETCD_LOAD=$TARGET_DIR/release/etcd-load

@@ -170,6 +170,12 @@ impl LogStore {
         })
     }
 
+    /// The bytes the log's segments hold on disk (what a snapshot lets it drop).
+    pub fn bytes(&self) -> u64 {
+        let state = self.shared.state.lock();
+        state.segments.iter().map(|segment| segment.len).sum()
+    }
+
     /// The last log id known to be committed (what `GET /v1/cluster` shows as
     /// `committed_index`).
     pub fn committed(&self) -> Option<LogId> {
@@ -772,6 +778,25 @@ mod tests {
             Some(entry(1, 30).log_id)
         );
         assert_eq!(state(&mut store).await, (None, Some(39)));
+    }
+
+    /// The size the snapshot trigger reads: every segment's bytes on disk, down again once a
+    /// purge drops whole segments.
+    #[tokio::test]
+    async fn the_logs_bytes_are_its_segments_and_fall_with_a_purge() {
+        let dir = TempDir::new("log-bytes");
+        let mut store = LogStore::open_with(dir.path(), 512).unwrap();
+        store.blocking_append(entries(1, 0..40)).await.unwrap();
+        let on_disk = |store: &LogStore| -> u64 {
+            (store.segment_paths().iter())
+                .map(|path| std::fs::metadata(path).unwrap().len())
+                .sum()
+        };
+        let full = store.bytes();
+        assert_eq!(full, on_disk(&store));
+        store.purge(entry(1, 30).log_id).await.unwrap();
+        assert!(store.bytes() < full, "{} of {full}", store.bytes());
+        assert_eq!(store.bytes(), on_disk(&store));
     }
 
     #[tokio::test]

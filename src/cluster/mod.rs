@@ -36,6 +36,7 @@
 
 pub mod auth;
 pub mod forward;
+pub mod group_commit;
 pub mod leadership;
 pub mod lease;
 pub mod log_store;

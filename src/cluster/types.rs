@@ -112,11 +112,16 @@ const REQUEUED: u8 = 3;
 
 impl Command {
     /// About how many bytes the command's encoding takes, without encoding it (the network
-    /// sizes payloads with it): a record as 128 bytes (a key's state with a short key and
-    /// little metadata), an expiry or checkpoint item by its key.
+    /// sizes payloads with it): each record by [`Record::approx_len`] plus its 4-byte length,
+    /// an expiry or checkpoint item by its key. (It counted 128 bytes a record: a creation
+    /// with a 27-byte key takes ~36, so a new member catching up was sent one entry of 1,000
+    /// creations per request where ~5 fit; measured in BENCHMARKS.md, "The cluster beside
+    /// etcd, and 1M keys".)
     pub fn approx_len(&self) -> usize {
         match self {
-            Self::Writes(records) | Self::Import(records) => records.len() * 128,
+            Self::Writes(records) | Self::Import(records) => {
+                records.iter().map(|record| 4 + record.approx_len()).sum()
+            }
             Self::Expiries(keys) => keys.iter().map(|(key, _)| 6 + key.as_str().len()).sum(),
             Self::Checkpoint(items) => items.iter().map(|item| 14 + item.key.as_str().len()).sum(),
             Self::Webhooks(reports) => reports.iter().map(report_len).sum(),

@@ -16,7 +16,6 @@ use axum::response::{IntoResponse, Response};
 use super::{ApiError, AppState};
 use crate::cluster::forward;
 use crate::cluster::node::ProposeError;
-use crate::cluster::types::Command;
 use crate::persist::record::Record;
 
 /// `?consistency=`: how fresh a read must be.
@@ -140,7 +139,7 @@ pub async fn propose(state: &AppState, records: Vec<Record>) -> Result<(), ApiEr
         .cluster
         .as_ref()
         .ok_or_else(|| ApiError::Internal("a proposal on a single node".into()))?;
-    match cluster.propose(Command::Writes(records)).await {
+    match cluster.propose_writes(records).await {
         Ok(_) => Ok(()),
         Err(ProposeError::NotLeader { .. }) => Err(ApiError::NoLeader(
             "this member stopped leading before the change was committed; retry".into(),

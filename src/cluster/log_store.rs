@@ -170,10 +170,19 @@ impl LogStore {
         })
     }
 
-    /// The bytes the log's segments hold on disk (what a snapshot lets it drop).
+    /// The bytes the log's segments hold on disk.
     pub fn bytes(&self) -> u64 {
         let state = self.shared.state.lock();
         state.segments.iter().map(|segment| segment.len).sum()
+    }
+
+    /// The bytes of the entries after `index` (those a snapshot at `index` does not cover).
+    pub fn bytes_after(&self, index: Option<u64>) -> u64 {
+        let state = self.shared.state.lock();
+        let from = index.map_or(0, |index| index + 1);
+        (state.index.range(from..))
+            .map(|(_, location)| location.at.len)
+            .sum()
     }
 
     /// The last log id known to be committed (what `GET /v1/cluster` shows as
@@ -780,8 +789,8 @@ mod tests {
         assert_eq!(state(&mut store).await, (None, Some(39)));
     }
 
-    /// The size the snapshot trigger reads: every segment's bytes on disk, down again once a
-    /// purge drops whole segments.
+    /// The sizes the snapshot trigger reads: every segment's bytes on disk, down again once a
+    /// purge drops whole segments; the entries' after an index.
     #[tokio::test]
     async fn the_logs_bytes_are_its_segments_and_fall_with_a_purge() {
         let dir = TempDir::new("log-bytes");
@@ -794,6 +803,12 @@ mod tests {
         };
         let full = store.bytes();
         assert_eq!(full, on_disk(&store));
+        let (all, past_9) = (store.bytes_after(None), store.bytes_after(Some(9)));
+        assert!(
+            all > past_9 && past_9 > store.bytes_after(Some(38)),
+            "{all} {past_9}"
+        );
+        assert_eq!(store.bytes_after(Some(39)), 0);
         store.purge(entry(1, 30).log_id).await.unwrap();
         assert!(store.bytes() < full, "{} of {full}", store.bytes());
         assert_eq!(store.bytes(), on_disk(&store));

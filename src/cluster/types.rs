@@ -277,6 +277,12 @@ fn put_text(out: &mut Vec<u8>, text: &str) {
 }
 
 fn take_text(bytes: &mut &[u8]) -> Result<String, CommandError> {
+    let raw = take_prefixed(bytes)?;
+    String::from_utf8(raw.to_vec()).map_err(|_| CommandError::NotUtf8)
+}
+
+/// Bytes behind a u16 LE length (a key's, a text's).
+fn take_prefixed<'a>(bytes: &mut &'a [u8]) -> Result<&'a [u8], CommandError> {
     let Some((head, rest)) = bytes.split_first_chunk::<2>() else {
         return Err(CommandError::Truncated);
     };
@@ -286,7 +292,7 @@ fn take_text(bytes: &mut &[u8]) -> Result<String, CommandError> {
     }
     let (raw, rest) = rest.split_at(len);
     *bytes = rest;
-    String::from_utf8(raw.to_vec()).map_err(|_| CommandError::NotUtf8)
+    Ok(raw)
 }
 
 /// A tag and an item count.
@@ -305,15 +311,7 @@ fn put_key(out: &mut Vec<u8>, key: &Key) {
 }
 
 fn take_key(bytes: &mut &[u8], index: usize) -> Result<Key, CommandError> {
-    let Some((head, rest)) = bytes.split_first_chunk::<2>() else {
-        return Err(CommandError::Truncated);
-    };
-    let len = usize::from(u16::from_le_bytes(*head));
-    if len > rest.len() {
-        return Err(CommandError::Truncated);
-    }
-    let (raw, rest) = rest.split_at(len);
-    *bytes = rest;
+    let raw = take_prefixed(bytes)?;
     std::str::from_utf8(raw)
         .ok()
         .and_then(|raw| Key::new(raw).ok())

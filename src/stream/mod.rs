@@ -184,10 +184,16 @@ impl EventHub {
         out: &mut Vec<u8>,
         max_bytes: usize,
     ) -> Read {
+        // Only a client that came from a member ahead of this one looks places up.
         let passed_over = |seq: u64| -> bool {
+            let Some(passed) = passed else {
+                return false;
+            };
             let place = |log_ids: &RwLock<LogIds>| log_ids.read().place(seq);
-            let place = self.log_ids.as_ref().and_then(place);
-            passed.is_some_and(|passed| place.is_some_and(|place| place <= passed))
+            self.log_ids
+                .as_ref()
+                .and_then(place)
+                .is_some_and(|place| place <= passed)
         };
         let ring = self.ring.read();
         if cursor + 1 < ring.first_seq() {

@@ -305,32 +305,8 @@ impl Cluster {
 
     /// Every key in `state` (`alive`, `expired`) that member `id` has applied, sorted.
     pub async fn stale_keys_in(&self, id: u64, state: &str) -> Option<Vec<String>> {
-        let mut keys = Vec::new();
-        let mut cursor: Option<String> = None;
-        loop {
-            let mut url = reqwest::Url::parse(&format!("{}/v1/keys", self.base(id))).ok()?;
-            url.query_pairs_mut()
-                .append_pair("consistency", "stale")
-                .append_pair("state", state)
-                .append_pair("limit", "1000");
-            if let Some(cursor) = &cursor {
-                url.query_pairs_mut().append_pair("cursor", cursor);
-            }
-            let response = self.client.get(url).send().await.ok()?;
-            if response.status() != StatusCode::OK {
-                return None;
-            }
-            let body: Value = response.json().await.ok()?;
-            for key in body["keys"].as_array()? {
-                keys.push(key["key"].as_str()?.to_owned());
-            }
-            match body["next_cursor"].as_str() {
-                Some(next) => cursor = Some(next.to_owned()),
-                None => break,
-            }
-        }
-        keys.sort();
-        Some(keys)
+        let keys = self.stale_services_in(id, state).await?;
+        Some(keys.into_keys().collect())
     }
 
     /// `kill -9` member `id`.

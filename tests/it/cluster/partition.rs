@@ -49,11 +49,8 @@ use tokio::sync::watch;
 use super::driver::{self, Driver, DriverConfig, KeySpec, Origin, Writer, WriterConfig, Written};
 use super::events::{ids_by_key, wait_for_empty_outboxes};
 use super::harness::{Cluster, EventTap, HEAVY, WAIT};
-use super::history::{self, History, Ms, Op, Rules};
-use super::rolling::{
-    assert_clean, created_twice, deletes_of_lost_keys, fates, final_state, listed_expired,
-    lost_writes, stream_expiries,
-};
+use super::history::{Ms, Op};
+use super::rolling::{assert_clean, fates, judge_ending, Ending};
 use crate::receiver::{always, Receiver};
 
 /// The shortest cut: fifty checkpoints (200 ms), past every live key's deadline (6 s at most)
@@ -207,36 +204,20 @@ async fn a_cut_off_follower_expires_nothing_serves_no_linearizable_read_and_conv
         .chain(&during_ops)
         .cloned()
         .collect();
-    let promised = driver::promises(&ops);
-    found.extend(stream_expiries(
-        &taps,
-        &live_set,
+    let (violations, history) = judge_ending(Ending {
+        taps: &taps,
+        live: &live_set,
+        dead: &dead_set,
         live_stopped_ms,
-        &promised,
-        origin,
-    ));
-    found.extend(listed_expired(&expired_listings, &live_set, &written));
-    found.extend(created_twice(&live_ops, &live_set));
-    found.extend(deletes_of_lost_keys(&during_ops));
-    found.extend(listings.differences());
-    found.extend(lost_writes(
-        &listings, &written, &live_set, &dead_set, &promised, origin,
-    ));
-    let history = History {
+        live_ops: &live_ops,
+        writer_ops: &during_ops,
         ops,
-        events: Vec::new(),
-        streams: BTreeMap::new(),
-        // The dead keys' timing needs events with log ids: judged by the listings instead.
-        stopped: Vec::new(),
-        failovers: Vec::new(),
-        final_state: Some(final_state(&listings, origin)),
-        rules: Rules {
-            grace_ms: 5_000,
-            slack_ms: 1_000,
-        },
-        ended_ms: origin.ceil_now(),
-    };
-    found.extend(history::check_all(&history).iter().map(ToString::to_string));
+        written: &written,
+        expired_listings: &expired_listings,
+        listings: &listings,
+        origin,
+    });
+    found.extend(violations);
 
     let answered: BTreeMap<String, usize> =
         probes.iter().fold(BTreeMap::new(), |mut seen, probe| {

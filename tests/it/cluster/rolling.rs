@@ -196,36 +196,20 @@ async fn a_rolling_restart_under_load_expires_no_live_key_and_loses_no_acknowled
     let ops: Vec<Op> = (live_ops.iter().chain(&dead_ops).chain(&writer_ops))
         .cloned()
         .collect();
-    let promised = driver::promises(&ops);
-    found.extend(stream_expiries(
-        &taps,
-        &live_set,
+    let (violations, history) = judge_ending(Ending {
+        taps: &taps,
+        live: &live_set,
+        dead: &dead_set,
         live_stopped_ms,
-        &promised,
-        origin,
-    ));
-    found.extend(listed_expired(&expired_listings, &live_set, &written));
-    found.extend(created_twice(&live_ops, &live_set));
-    found.extend(deletes_of_lost_keys(&writer_ops));
-    found.extend(listings.differences());
-    found.extend(lost_writes(
-        &listings, &written, &live_set, &dead_set, &promised, origin,
-    ));
-    let history = History {
+        live_ops: &live_ops,
+        writer_ops: &writer_ops,
         ops,
-        events: Vec::new(),
-        streams: BTreeMap::new(),
-        // The dead keys' timing needs events with log ids: judged by the listings instead.
-        stopped: Vec::new(),
-        failovers: Vec::new(),
-        final_state: Some(final_state(&listings, origin)),
-        rules: Rules {
-            grace_ms: GRACE_MS,
-            slack_ms: SLACK_MS,
-        },
-        ended_ms: origin.ceil_now(),
-    };
-    found.extend(history::check_all(&history).iter().map(ToString::to_string));
+        written: &written,
+        expired_listings: &expired_listings,
+        listings: &listings,
+        origin,
+    });
+    found.extend(violations);
 
     let restarts: Vec<String> = restarts.iter().map(Restart::describe).collect();
     let summary = format!(
@@ -327,9 +311,71 @@ async fn wait_expired_everywhere(
     }
 }
 
+/// What a scenario under load saw once its clients stopped and the members settled.
+pub(super) struct Ending<'a> {
+    pub taps: &'a [(u64, EventTap)],
+    pub live: &'a BTreeSet<String>,
+    pub dead: &'a BTreeSet<String>,
+    /// When the live keys' clients stopped.
+    pub live_stopped_ms: Ms,
+    pub live_ops: &'a [Op],
+    /// The writers' operations (creations, deletes, moves).
+    pub writer_ops: &'a [Op],
+    /// Every client's operations.
+    pub ops: Vec<Op>,
+    pub written: &'a Written,
+    pub expired_listings: &'a BTreeMap<u64, Vec<String>>,
+    pub listings: &'a Listings,
+    pub origin: Origin,
+}
+
+/// The checks the rolling restart and the partition share at their end: no live or written
+/// key expired (streams, listings), none created twice, no acknowledged write lost, listings
+/// equal, and the history checker over every operation and the final listing. The dead keys
+/// are judged by the listings (each scenario checks their expiry its own way).
+pub(super) fn judge_ending(ending: Ending<'_>) -> (Vec<String>, History) {
+    let Ending {
+        taps,
+        live,
+        dead,
+        live_stopped_ms,
+        live_ops,
+        writer_ops,
+        ops,
+        written,
+        expired_listings,
+        listings,
+        origin,
+    } = ending;
+    let promised = driver::promises(&ops);
+    let mut found = stream_expiries(taps, live, live_stopped_ms, &promised, origin);
+    found.extend(listed_expired(expired_listings, live, written));
+    found.extend(created_twice(live_ops, live));
+    found.extend(deletes_of_lost_keys(writer_ops));
+    found.extend(listings.differences());
+    found.extend(lost_writes(
+        listings, written, live, dead, &promised, origin,
+    ));
+    let history = History {
+        ops,
+        events: Vec::new(),
+        streams: BTreeMap::new(),
+        stopped: Vec::new(),
+        failovers: Vec::new(),
+        final_state: Some(final_state(listings, origin)),
+        rules: Rules {
+            grace_ms: GRACE_MS,
+            slack_ms: SLACK_MS,
+        },
+        ended_ms: origin.ceil_now(),
+    };
+    found.extend(history::check_all(&history).iter().map(ToString::to_string));
+    (found, history)
+}
+
 /// `expired` events, on any run of any member's stream, for a key within a TTL an acknowledged
 /// heartbeat promised, or for a live key before its clients stopped.
-pub(super) fn stream_expiries(
+fn stream_expiries(
     taps: &[(u64, EventTap)],
     live: &BTreeSet<String>,
     live_stopped_ms: Ms,
@@ -359,7 +405,7 @@ pub(super) fn stream_expiries(
 
 /// Live keys and written keys (none of which may have expired) in a member's `state=expired`
 /// listing.
-pub(super) fn listed_expired(
+fn listed_expired(
     listings: &BTreeMap<u64, Vec<String>>,
     live: &BTreeSet<String>,
     written: &Written,
@@ -383,7 +429,7 @@ pub(super) fn listed_expired(
 
 /// Deletes answered 404 although no earlier delete of the key may have landed: the writer
 /// deletes only keys it saw created (10 min TTL) and never deleted, so the key was lost.
-pub(super) fn deletes_of_lost_keys(ops: &[Op]) -> Vec<String> {
+fn deletes_of_lost_keys(ops: &[Op]) -> Vec<String> {
     let mut deletes: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
     for op in ops
         .iter()
@@ -417,7 +463,7 @@ pub(super) fn deletes_of_lost_keys(ops: &[Op]) -> Vec<String> {
 }
 
 /// Live keys answered `created` more than once: each time after the first, the key was gone.
-pub(super) fn created_twice(ops: &[Op], live: &BTreeSet<String>) -> Vec<String> {
+fn created_twice(ops: &[Op], live: &BTreeSet<String>) -> Vec<String> {
     let mut created: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
     for op in ops {
         if let OpKind::Heartbeat {
@@ -439,7 +485,7 @@ pub(super) fn created_twice(ops: &[Op], live: &BTreeSet<String>) -> Vec<String> 
 
 /// What the final listing must hold on every member: each written key kept with its service,
 /// none deleted, each live key still within its promise when the listings ended, no dead key.
-pub(super) fn lost_writes(
+fn lost_writes(
     listings: &Listings,
     written: &Written,
     live: &BTreeSet<String>,
@@ -484,7 +530,7 @@ pub(super) fn lost_writes(
 }
 
 /// The listings as the checker's final state (its rule 4).
-pub(super) fn final_state(listings: &Listings, origin: Origin) -> FinalState {
+fn final_state(listings: &Listings, origin: Origin) -> FinalState {
     FinalState {
         started_ms: origin.floor(listings.started),
         completed_ms: origin.ceil(listings.completed),

@@ -94,6 +94,10 @@ pub const CLUSTER_MEMBER_PROMOTE: Route = Route {
     path: "/v1/cluster/members/{id}/promote",
     methods: &["POST"],
 };
+pub const CLUSTER_SNAPSHOT: Route = Route {
+    path: "/v1/cluster/snapshot",
+    methods: &["POST"],
+};
 pub const OPENAPI: Route = Route {
     path: "/openapi.yaml",
     methods: &["GET"],
@@ -129,6 +133,7 @@ pub const ALL: &[Route] = &[
     CLUSTER_MEMBERS,
     CLUSTER_MEMBER,
     CLUSTER_MEMBER_PROMOTE,
+    CLUSTER_SNAPSHOT,
     OPENAPI,
     METRICS,
     DASHBOARD,

@@ -300,6 +300,9 @@ async fn snapshot_by_size(raft: Raft<TypeConfig>, log: LogStore) {
     }
 }
 
+/// How long `POST /v1/cluster/snapshot` waits for its snapshot (1M keys are written in ~1 s).
+pub const SNAPSHOT_WAIT: Duration = Duration::from_secs(60);
+
 /// openraft's settings (docs/cluster-design.md, section 8).
 fn raft_config(
     (election_min, election_max): (Duration, Duration),
@@ -657,12 +660,36 @@ impl Cluster {
         }
     }
 
-    /// This member's metrics, for the service's `/metrics`.
-    /// The first log id this member has every event from (see `stream::log_ids`).
-    pub fn events_complete_from(&self) -> Arc<std::sync::atomic::AtomicU64> {
+    /// Takes a snapshot of what this member applied, now, and purges the log behind it
+    /// (openraft keeps [`KEPT_BEHIND_SNAPSHOT`] entries); the index it covers. One already
+    /// covering every applied entry answers at once. `Err`: not written within
+    /// [`SNAPSHOT_WAIT`] (it may still be).
+    pub async fn take_snapshot(&self) -> Result<Option<u64>, Duration> {
+        let mut metrics = self.raft.metrics();
+        let (applied, before) = {
+            let now = metrics.borrow();
+            (now.last_applied, now.snapshot)
+        };
+        if applied.is_none() || before == applied {
+            return Ok(before.map(|log_id| log_id.index));
+        }
+        let built = async {
+            self.raft.trigger().snapshot().await.ok()?;
+            let done = metrics.wait_for(|now| now.snapshot.is_some_and(|id| Some(id) >= applied));
+            done.await.ok().and_then(|now| now.snapshot)
+        };
+        match tokio::time::timeout(SNAPSHOT_WAIT, built).await {
+            Ok(Some(snapshot)) => Ok(Some(snapshot.index)),
+            _ => Err(SNAPSHOT_WAIT),
+        }
+    }
+
+    /// The first log id this member has every event from (see `stream::log_ids`), watched.
+    pub fn events_complete_from(&self) -> tokio::sync::watch::Receiver<u64> {
         self.signals.events_complete_from()
     }
 
+    /// This member's metrics, for the service's `/metrics`.
     pub fn metrics_collector(&self) -> ClusterCollector {
         ClusterCollector {
             id: self.id,

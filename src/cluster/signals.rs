@@ -9,12 +9,13 @@
 //!   the checkpoints of the term it leads (its own deadlines are the real ones).
 //! - `blank_term`: the newest term whose blank entry was applied here, the promotion point.
 //! - `events_complete_from`: the first log id this member has published every event from
-//!   (the entry after the snapshot it loaded last); the live stream resumes only above it.
+//!   (the entry after the snapshot it loaded last); the live stream resumes only above it,
+//!   and tells its live readers to re-read the lists when it changes (a snapshot installed
+//!   while they read: its entries' events were never published here).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
 /// See the module documentation.
@@ -30,8 +31,8 @@ pub struct LeaseSignals {
     blank_term: AtomicU64,
     /// Wakes the lease task early (a blank entry applied).
     pub wake: Notify,
-    /// See the module documentation; shared with the live stream's hub.
-    events_complete_from: Arc<AtomicU64>,
+    /// See the module documentation; watched by the live stream's hub.
+    events_complete_from: watch::Sender<u64>,
 }
 
 impl LeaseSignals {
@@ -42,7 +43,7 @@ impl LeaseSignals {
             leading_term: AtomicU64::new(0),
             blank_term: AtomicU64::new(0),
             wake: Notify::new(),
-            events_complete_from: Arc::default(),
+            events_complete_from: watch::channel(0).0,
         }
     }
 
@@ -65,12 +66,12 @@ impl LeaseSignals {
     /// were never published here.
     pub fn snapshot_loaded(&self, last_index: Option<u64>) {
         let from = last_index.map_or(0, |index| (index + 1) << 16);
-        self.events_complete_from.store(from, Ordering::Release);
+        self.events_complete_from.send_replace(from);
     }
 
     /// See [`LeaseSignals::snapshot_loaded`].
-    pub fn events_complete_from(&self) -> Arc<AtomicU64> {
-        Arc::clone(&self.events_complete_from)
+    pub fn events_complete_from(&self) -> watch::Receiver<u64> {
+        self.events_complete_from.subscribe()
     }
 
     pub fn leading_term(&self) -> u64 {

@@ -1,6 +1,7 @@
 //! `GET /v1/cluster` (the member's view of its cluster), the membership routes (add a
-//! learner, promote it, remove a member: admin only, served by the leader), and `GET /readyz`
-//! (whether a load balancer should send this member traffic).
+//! learner, promote it, remove a member: admin only, served by the leader), a snapshot on
+//! demand (admin, served by the member asked), and `GET /readyz` (whether a load balancer
+//! should send this member traffic).
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -74,6 +75,19 @@ pub async fn member_remove(
     let cluster = member_of(&state)?;
     cluster.remove_member(id).await?;
     Ok(Json(cluster.status()))
+}
+
+/// `POST /v1/cluster/snapshot`: this member (not the leader: each member snapshots its own
+/// state) takes a snapshot of what it applied and drops the log behind it (all but the entries
+/// kept for a follower a little behind). Answers once it is written.
+pub async fn snapshot_take(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
+    let cluster = member_of(&state)?;
+    let snapshot = cluster.take_snapshot().await.map_err(|pending| {
+        ApiError::StorageUnavailable(format!(
+            "the snapshot was not written within {pending:?}; it may still be"
+        ))
+    })?;
+    Ok(Json(json!({ "snapshot_index": snapshot })))
 }
 
 /// The member's view: its role, the leader, term, indexes and every member. A single node has

@@ -36,6 +36,10 @@ use crate::stream::{sse_frame, ClientGuard, EventHub, Read};
 
 /// Why a resuming client is told to re-read the lists: events after its id may be missing.
 const OLDER_THAN_RING: &str = "Last-Event-ID is older than the event ring: re-read the lists";
+/// A cluster member installed a snapshot from the leader while the client read: the events of
+/// the entries it covers were never produced here. The stream goes on after it.
+const SNAPSHOT_INSTALLED: &str =
+    "this member caught up from a snapshot: events before it were skipped; re-read the lists";
 use crate::types::ServiceName;
 
 /// Interval of the keep-alive comments.
@@ -94,6 +98,8 @@ struct Client {
     streaming: bool,
     /// Whether the client was dropped (the stream ends after the `reset`).
     dropped: bool,
+    /// The snapshot marks this client was told of (see `stream::log_ids`).
+    marks_told: u64,
     latest: watch::Receiver<u64>,
     closing: watch::Receiver<bool>,
     _counted: ClientGuard,
@@ -145,6 +151,7 @@ pub async fn events_stream(
         reset,
         streaming: false,
         dropped: false,
+        marks_told: hub.marks_placed(),
         latest: hub.subscribe_latest(),
         closing: hub.subscribe_closing(),
         _counted: hub.client(),
@@ -192,12 +199,18 @@ impl Client {
             match self.hub.read_into(
                 self.cursor,
                 self.passed,
+                self.marks_told,
                 |e| filter.matches(e),
                 &mut chunk,
                 CHUNK_BYTES,
             ) {
                 Read::Gap => {
                     self.fell_behind();
+                    continue;
+                }
+                Read::Replaced { told } => {
+                    self.marks_told = told;
+                    self.reset = Some(SNAPSHOT_INSTALLED);
                     continue;
                 }
                 Read::Frames { through, at_end } => {

@@ -152,6 +152,7 @@ pub fn app(state: AppState) -> Router {
         .route(routes::CLUSTER.path, get(cluster::cluster_status))
         .route(routes::CLUSTER_MEMBERS.path, post(cluster::member_add))
         .route(routes::CLUSTER_MEMBER.path, delete(cluster::member_remove))
+        .route(routes::CLUSTER_SNAPSHOT.path, post(cluster::snapshot_take))
         .route(
             routes::CLUSTER_MEMBER_PROMOTE.path,
             post(cluster::member_promote),

@@ -16,7 +16,9 @@
 //!   falls behind the ring's oldest event is told (`reset`), dropped and counted.
 //! - Event ids are `<run>-<seq>`, where `run` is random per process: a client resuming with an
 //!   id from another run (or from before the ring) gets a `reset` instead of a silent gap. On a
-//!   cluster member ids are places in the log instead ([`log_ids`]), the same on every member.
+//!   cluster member ids are places in the log instead ([`log_ids`]), the same on every member,
+//!   and a snapshot installed while clients read reaches each of them as a `reset` in its
+//!   place among the events.
 //! - A slot's SSE frame, once encoded, is the frame of that event for every client (it depends
 //!   only on the run, the `seq` and the event).
 
@@ -62,6 +64,10 @@ pub enum Read {
     Frames { through: u64, at_end: bool },
     /// Events after the cursor have already left the ring.
     Gap,
+    /// A snapshot was installed after the cursor (a cluster member's, see [`log_ids`]): the
+    /// events of the entries it covers never came; `told` is the number of marks the reader
+    /// has now been told of.
+    Replaced { told: u64 },
 }
 
 /// See the module documentation.
@@ -80,6 +86,9 @@ pub struct EventHub {
     /// A cluster member's event ids, from the log (locked after `ring`); `None`: a single
     /// node's `<run>-<seq>`.
     log_ids: Option<RwLock<LogIds>>,
+    /// A cluster member's: where its events are complete from, changed by each snapshot
+    /// installed (the feeder places the mark).
+    installs: Option<watch::Receiver<u64>>,
     /// The bytes of the frames encoded so far of the events in the ring, with their blocks'
     /// frame tables: readers encode them under the ring's read lock and add here; eviction,
     /// under its write lock, subtracts.
@@ -112,6 +121,7 @@ impl EventHub {
             max_bytes,
             ring: RwLock::new(Ring::new(max_bytes)),
             log_ids: None,
+            installs: None,
             frame_bytes: AtomicUsize::new(0),
             latest: watch::channel(0).0,
             closing: watch::channel(false).0,
@@ -122,10 +132,32 @@ impl EventHub {
     }
 
     /// A cluster member's hub: event ids are places in the log (see [`log_ids`]), and this
-    /// member has every event from log id `complete_from` on (the state machine keeps it).
-    pub fn numbered_by_log(mut self, complete_from: Arc<AtomicU64>) -> Self {
+    /// member has every event from log id `complete_from` on (the state machine keeps it; it
+    /// changes when a snapshot is installed).
+    pub fn numbered_by_log(mut self, complete_from: watch::Receiver<u64>) -> Self {
+        self.installs = Some(complete_from.clone());
         self.log_ids = Some(RwLock::new(LogIds::new(complete_from)));
         self
+    }
+
+    /// What changes when a snapshot is installed (a cluster member's), for the feeder.
+    fn installs(&self) -> Option<watch::Receiver<u64>> {
+        self.installs.clone()
+    }
+
+    /// Marks the ring after its newest event if a snapshot was installed since the last event
+    /// (see [`log_ids`]).
+    fn mark_installed(&self) {
+        if let Some(log_ids) = &self.log_ids {
+            let ring = self.ring.read();
+            log_ids.write().mark_installed(ring.newest());
+        }
+    }
+
+    /// How many snapshot marks a reader that connects now starts told of.
+    pub fn marks_placed(&self) -> u64 {
+        let log_ids = self.log_ids.as_ref();
+        log_ids.map_or(0, |log_ids| log_ids.read().marks_placed())
     }
 
     /// Appends events and wakes the readers at once (tests; `feed` paces its wake-ups).
@@ -175,11 +207,13 @@ impl EventHub {
     /// Appends to `out` the frames of the events after `cursor` (the `seq` of the last event
     /// read) that `matches` accepts, stopping once `out` holds `max_bytes` or more. On a
     /// cluster member, events at or below `passed` (a client's place from a member ahead of
-    /// this one) are passed over.
+    /// this one) are passed over, and a reader told of `told` snapshot marks reads up to the
+    /// next one, then is told of it.
     pub fn read_into(
         &self,
         cursor: u64,
         passed: Option<Place>,
+        told: u64,
         matches: impl Fn(&CompactEvent<'_>) -> bool,
         out: &mut Vec<u8>,
         max_bytes: usize,
@@ -199,8 +233,14 @@ impl EventHub {
         if cursor + 1 < ring.first_seq() {
             return Read::Gap;
         }
+        let mark = (self.log_ids.as_ref()).and_then(|log_ids| log_ids.read().next_mark(told));
+        if let Some((told, _)) = mark.filter(|&(_, at)| cursor >= at) {
+            return Read::Replaced { told };
+        }
+        let last = mark.map_or(u64::MAX, |(_, at)| at);
         let mut through = cursor.max(ring.first_seq() - 1);
-        for (seq, block, index) in ring.from(through + 1).take(SCAN_LIMIT) {
+        let before_mark = ring.from(through + 1).take_while(|&(seq, ..)| seq <= last);
+        for (seq, block, index) in before_mark.take(SCAN_LIMIT) {
             through = seq;
             let event = block.event(index);
             if matches(&event) && !passed_over(seq) {
@@ -331,26 +371,47 @@ pub fn sse_frame(id: &str, event: &str, data: &str) -> Vec<u8> {
 /// Drains the registry's bus into the ring as events come, calling `observe` on each event
 /// first (metrics), and wakes the readers when [`wake::WakePacer`] says: at once while events
 /// are sparse, at most once per [`WAKE_INTERVAL`] while they keep coming. Events are appended at
-/// once all the same, so a client that connects starts after every event fed so far. Runs until
-/// the bus closes or the task is aborted.
+/// once all the same, so a client that connects starts after every event fed so far. On a
+/// cluster member, a snapshot installed is marked in the ring once every event published before
+/// it is in, and the readers are woken at once. Runs until the bus closes or the task is
+/// aborted.
 pub async fn feed(mut events: EventReceiver, hub: Arc<EventHub>, observe: impl Fn(&Event)) {
     const BATCH: usize = 1024;
     let mut batch = Vec::with_capacity(BATCH);
     let mut pacer = wake::WakePacer::new(Instant::now());
+    let mut installs = hub.installs();
     // When the events appended and not yet announced must be (`None`: there are none).
     let mut wake_at: Option<Instant> = None;
-    struct Closed;
+    enum Next {
+        Event(Event),
+        Announce,
+        Installed,
+        Closed,
+    }
     loop {
-        let next = match wake_at {
-            Some(wake_at) if wake_at > Instant::now() => tokio::select! {
-                event = events.recv() => event.map(Some).ok_or(Closed),
-                () = tokio::time::sleep_until(wake_at) => Ok(None),
-            },
-            Some(_) => Ok(None),
-            None => events.recv().await.map(Some).ok_or(Closed),
+        let announce = async {
+            match wake_at {
+                Some(wake_at) => tokio::time::sleep_until(wake_at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let installed = async {
+            let changed = match &mut installs {
+                Some(installs) => installs.changed().await.is_ok(),
+                None => false,
+            };
+            if !changed {
+                std::future::pending::<()>().await;
+            }
+        };
+        let next = tokio::select! {
+            biased;
+            () = installed => Next::Installed,
+            () = announce => Next::Announce,
+            event = events.recv() => event.map_or(Next::Closed, Next::Event),
         };
         match next {
-            Ok(Some(first)) => {
+            Next::Event(first) => {
                 batch.push(first);
                 while batch.len() < BATCH {
                     let Some(event) = events.try_recv() else {
@@ -363,8 +424,22 @@ pub async fn feed(mut events: EventReceiver, hub: Arc<EventHub>, observe: impl F
                 let due = pacer.appended(Instant::now());
                 wake_at = Some(wake_at.map_or(due, |at| at.min(due)));
             }
-            Ok(None) => {} // time to announce
-            Err(Closed) => {
+            Next::Announce => {}
+            Next::Installed => {
+                // Every event of the entries applied before the install was published before
+                // it: take them all in, then mark.
+                loop {
+                    batch.extend(std::iter::from_fn(|| events.try_recv()).take(BATCH));
+                    if batch.is_empty() {
+                        break;
+                    }
+                    batch.iter().for_each(&observe);
+                    hub.append(batch.drain(..));
+                }
+                hub.mark_installed();
+                wake_at = Some(Instant::now());
+            }
+            Next::Closed => {
                 hub.wake();
                 return;
             }
@@ -408,7 +483,7 @@ mod tests {
     /// The (seq, key) of each frame a read from `cursor` appends, and where it ended.
     fn read(hub: &EventHub, cursor: u64, max_bytes: usize) -> (Vec<(u64, String)>, Read) {
         let mut out = Vec::new();
-        let read = hub.read_into(cursor, None, |_| true, &mut out, max_bytes);
+        let read = hub.read_into(cursor, None, 0, |_| true, &mut out, max_bytes);
         let text = String::from_utf8(out).unwrap();
         let frames = text
             .split_terminator("\n\n")
@@ -514,7 +589,7 @@ mod tests {
         let hub = EventHub::new(10, usize::MAX);
         hub.push((1..=4).map(event));
         let mut out = Vec::new();
-        let read = hub.read_into(0, None, |e| e.key() == "k3", &mut out, usize::MAX);
+        let read = hub.read_into(0, None, 0, |e| e.key() == "k3", &mut out, usize::MAX);
         assert_eq!(
             read,
             Read::Frames {

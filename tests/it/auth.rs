@@ -262,6 +262,12 @@ async fn every_route_answers_each_kind_of_token_as_its_scope_says() {
             [401, 401, 404, 403, 403, 403],
         ),
         (
+            Method::POST,
+            "/v1/cluster/snapshot",
+            None,
+            [401, 401, 404, 403, 403, 403],
+        ),
+        (
             Method::GET,
             "/openapi.yaml",
             None,

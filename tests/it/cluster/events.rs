@@ -29,6 +29,33 @@ async fn register(cluster: &Cluster, via: u64, keys: &[String], ttl_s: u64) {
     }
 }
 
+/// Registers `keys` through member `via` as a client would with one member stopped: a 503
+/// (`no_quorum`: the one follower left acknowledged late, as happens on a loaded machine) is
+/// retried after its `Retry-After`, for up to [`WAIT`]; anything else fails the test.
+async fn register_retrying(cluster: &Cluster, via: u64, keys: &[String]) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    for key in keys {
+        loop {
+            let body = json!({ "key": key, "ttl_s": 600, "service": "hooks" });
+            let answer = cluster
+                .call(via, Method::POST, "/v1/heartbeats", Some(body))
+                .await;
+            let Some((status, body, _)) = answer else {
+                panic!("{key}: no answer\n{}", cluster.logs());
+            };
+            if status == StatusCode::OK {
+                break;
+            }
+            assert!(
+                status == StatusCode::SERVICE_UNAVAILABLE && tokio::time::Instant::now() < deadline,
+                "{key}: {status} {body}\n{}",
+                cluster.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
 /// Member `id`'s `GET /v1/webhooks` entry for its one URL.
 pub(super) async fn delivery(cluster: &Cluster, id: u64) -> Option<Value> {
     let (status, body, _) = cluster.call(id, Method::GET, "/v1/webhooks", None).await?;
@@ -268,4 +295,76 @@ async fn a_stream_resumes_on_another_member_after_the_last_event_it_read() {
     for (key, id) in &resumed_ids {
         assert_eq!(id, &ids[key], "{key}: the same id on both members");
     }
+}
+
+/// Must not be lost: a live client's knowledge that it missed events. A follower stopped long
+/// enough that the leader's log no longer holds what it lacks catches up from a snapshot, and
+/// never produces the events of the entries the snapshot covers: a client reading its stream
+/// all along must be told (`reset`) where they would have been, then get the events after
+/// it, on the same stream. Fails if the stream goes from the events before to those after
+/// as if nothing had happened in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_on_a_member_that_catches_up_from_a_snapshot_is_told_to_re_read() {
+    let cluster = Cluster::start("events-snapshot", 3, &[]).await;
+    let leader = cluster.leader().await;
+    let behind = cluster.running_other_than(&[leader]);
+    let reader = EventTap::follow(&cluster.base(behind)).await;
+    let before = keys("before", 3);
+    register(&cluster, leader, &before, 600).await;
+    frames_until(&reader, &cluster, |f| f.len() >= before.len()).await;
+
+    cluster.pause(behind).await;
+    // One entry each: more than the 256 a member keeps behind its snapshot.
+    let missed = keys("missed", 300);
+    register_retrying(&cluster, leader, &missed).await;
+    let (status, body, _) = cluster
+        .call(leader, Method::POST, "/v1/cluster/snapshot", None)
+        .await
+        .expect("an answer");
+    assert_eq!(status, StatusCode::OK, "{body}\n{}", cluster.logs());
+    let covered = body["snapshot_index"].as_u64().expect("an index");
+    cluster.resume(behind);
+    let after = keys("after", 3);
+    register(&cluster, leader, &after, 600).await;
+    let all: Vec<String> = [&before[..], &missed[..], &after[..]].concat();
+    cluster.wait_for_keys(behind, &all).await;
+
+    let frames = frames_until(&reader, &cluster, |f| {
+        f.iter().any(|frame| frame.data["key"] == after[2].as_str())
+    })
+    .await;
+    assert_eq!(reader.ended(), None, "the stream goes on after the reset");
+    let (events, _) = seen(&frames);
+    let resets: Vec<usize> = (events.iter().enumerate())
+        .filter(|(_, (event, _))| event == "reset")
+        .map(|(at, _)| at)
+        .collect();
+    let registered = |names: &[String]| -> Vec<(String, String)> {
+        names
+            .iter()
+            .map(|key| ("registered".to_owned(), key.clone()))
+            .collect()
+    };
+    assert_eq!(
+        resets.len(),
+        1,
+        "one reset for one snapshot installed (covering entry {covered}): {events:?}"
+    );
+    let reset = resets[0];
+    assert_eq!(
+        events[..before.len()],
+        registered(&before)[..],
+        "{events:?}"
+    );
+    assert!(
+        (events[before.len()..reset].iter()).all(|(_, key)| key.starts_with("missed-")),
+        "before the reset, only events of entries applied before the snapshot: {events:?}"
+    );
+    assert_eq!(
+        events[reset + 1..],
+        registered(&after)[..],
+        "after the reset, the events after the snapshot"
+    );
+    let reason = frames[reset].data["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("snapshot"), "{:?}", frames[reset]);
 }

@@ -36,7 +36,7 @@ use super::group_commit::GroupCommit;
 use super::leadership::{self, Parts};
 use super::lease::{LeaseConfig, LeaseRules};
 use super::log_store::LogStore;
-use super::membership::{self, Join, NewMember};
+use super::membership::{self, Join, MembershipStatus, NewMember};
 use super::metrics::{ClusterCollector, ClusterStats};
 use super::network::{route, Contacts, PeerNetwork, Peers};
 use super::peer_server::{self, PeerState};
@@ -196,6 +196,8 @@ pub struct MemberStatus {
     pub peer_addr: String,
     /// Empty until the leader has learnt it.
     pub api_addr: String,
+    /// In one of the voter sets in force (`membership.voters`): it counts in a quorum. While
+    /// joint, a member being added or removed is one too.
     pub voter: bool,
     /// The last entry known replicated to it (the leader knows; `null` elsewhere).
     pub matched_index: Option<u64>,
@@ -217,6 +219,8 @@ pub struct ClusterStatus {
     /// 0 before anything is applied.
     pub applied_index: u64,
     pub members: Vec<MemberStatus>,
+    /// The voter sets in force and whether a membership change is unfinished.
+    pub membership: MembershipStatus,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -438,6 +442,8 @@ impl Cluster {
         };
         cluster.bootstrap(&settings).await?;
         let mut cluster = cluster.with_api_address_task();
+        let finisher = membership::finish_left_over_joint(cluster.raft.clone());
+        cluster.tasks.push(tokio::spawn(finisher));
         if let Some(join) = cluster.join_to_run(&settings) {
             cluster.tasks.push(tokio::spawn(membership::run_join(join)));
         }
@@ -640,6 +646,7 @@ impl Cluster {
                 }
             })
             .collect();
+        let committed = self.log.committed().map(|log_id| log_id.index);
         let leader_api = metrics
             .current_leader
             .and_then(|leader| membership.get_node(&leader))
@@ -651,9 +658,10 @@ impl Cluster {
             leader_id: metrics.current_leader,
             leader_api,
             term: metrics.current_term,
-            committed_index: self.log.committed().map_or(0, |log_id| log_id.index),
+            committed_index: committed.unwrap_or(0),
             applied_index: metrics.last_applied.map_or(0, |log_id| log_id.index),
             members,
+            membership: membership::membership_status(&metrics.membership_config, committed),
         }
     }
 

@@ -9,7 +9,8 @@ use serde_json::{json, Value};
 
 use super::harness::{Cluster, WAIT};
 
-fn members(status: &Value) -> Vec<(u64, bool)> {
+/// The `(id, voter)` pairs of a `GET /v1/cluster` answer, sorted.
+pub(super) fn members(status: &Value) -> Vec<(u64, bool)> {
     let mut members: Vec<(u64, bool)> = status["members"]
         .as_array()
         .map(|members| {
@@ -24,7 +25,7 @@ fn members(status: &Value) -> Vec<(u64, bool)> {
 }
 
 /// Registers `keys` through member `via` in one batch; panics unless each is acknowledged.
-async fn register(cluster: &Cluster, via: u64, keys: &[String]) {
+pub(super) async fn register(cluster: &Cluster, via: u64, keys: &[String]) {
     let heartbeats: Vec<Value> = keys
         .iter()
         .map(|key| json!({ "key": key, "ttl_s": 600 }))
@@ -39,9 +40,18 @@ async fn register(cluster: &Cluster, via: u64, keys: &[String]) {
         .await
         .expect("an answer");
     assert_eq!(status, StatusCode::OK, "{body}\n{}", cluster.logs());
+    let results = body["results"].as_array().map_or(&[][..], Vec::as_slice);
+    let failed = results
+        .iter()
+        .filter(|result| result.get("error").is_some());
+    assert!(
+        results.len() == keys.len() && failed.count() == 0,
+        "not every heartbeat acknowledged: {body}"
+    );
 }
 
-fn keys(prefix: &str, n: usize) -> Vec<String> {
+/// `n` keys named `{prefix}-0000`, `{prefix}-0001`...
+pub(super) fn keys(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}-{i:04}")).collect()
 }
 
@@ -86,7 +96,8 @@ async fn a_member_joins_catches_up_becomes_a_voter_and_a_voter_is_removed() {
     all.extend(during);
     let status = cluster
         .wait_for_status(leader, "made member 4 a voter", |status| {
-            members(status).contains(&(4, true))
+            // `voter` holds in the joint phase already: wait for the change to be finished.
+            members(status).contains(&(4, true)) && status["membership"]["changing"] == false
         })
         .await;
     assert_eq!(

@@ -118,6 +118,8 @@ pub struct ClusterSettings {
     pub learner: bool,
     /// The admin token `--join` sends (`TTLWHEEL_TOKEN`).
     pub join_token: Option<String>,
+    /// `--snapshot-log-bytes`: the log's size after the last snapshot that makes another.
+    pub snapshot_log_bytes: u64,
 }
 
 /// A member that cannot start.
@@ -258,7 +260,7 @@ pub struct Cluster {
 }
 
 /// The bytes of log entries after the last snapshot past which a member takes another (and
-/// purges the log behind it), whatever the number of entries.
+/// purges the log behind it), whatever the number of entries: `--snapshot-log-bytes`'s default.
 pub const SNAPSHOT_AFTER_LOG_BYTES: u64 = 64 << 20;
 /// Entries kept behind a snapshot, for a follower a little behind (openraft's default is
 /// 1,000: as many batches of 1,000 creations are ~40 MB).
@@ -266,19 +268,20 @@ const KEPT_BEHIND_SNAPSHOT: u64 = 256;
 /// How often the log's size is looked at.
 const SNAPSHOT_SIZE_CHECK: Duration = Duration::from_secs(5);
 
-/// Takes a snapshot when the entries after the last one pass [`SNAPSHOT_AFTER_LOG_BYTES`].
+/// Takes a snapshot when the entries after the last one pass `bound` bytes
+/// ([`SNAPSHOT_AFTER_LOG_BYTES`] by default).
 /// openraft 0.9's policy counts entries (`LogsSinceLast`), and entries vary from one record to
 /// thousands: measured, checkpoints of ~3,500 keys at 28 entries/s (1M keys renewed at 100k/s)
 /// grew each member's log by 2.4 MB/s and would have reached the 1M-entry policy after ~10
 /// hours and ~87 GB, all of it replayed by a restart. Counted after the snapshot, not over the
 /// whole log: openraft keeps [`KEPT_BEHIND_SNAPSHOT`] entries behind it, and segments leave
 /// whole, so the log on disk stays above the bound for a while after each snapshot.
-async fn snapshot_by_size(raft: Raft<TypeConfig>, log: LogStore) {
+async fn snapshot_by_size(raft: Raft<TypeConfig>, log: LogStore, bound: u64) {
     loop {
         tokio::time::sleep(SNAPSHOT_SIZE_CHECK).await;
         let snapshots_before = raft.metrics().borrow().snapshot;
         let bytes = log.bytes_after(snapshots_before.map(|id| id.index));
-        if bytes < SNAPSHOT_AFTER_LOG_BYTES {
+        if bytes < bound {
             continue;
         }
         tracing::info!(
@@ -420,7 +423,11 @@ impl Cluster {
         tasks.push(server);
         let (writes, proposer) = GroupCommit::start(raft.clone());
         tasks.push(proposer);
-        tasks.push(tokio::spawn(snapshot_by_size(raft.clone(), log.clone())));
+        tasks.push(tokio::spawn(snapshot_by_size(
+            raft.clone(),
+            log.clone(),
+            settings.snapshot_log_bytes,
+        )));
         tasks.push(tokio::spawn(super::metrics::count_leader_changes(
             raft.clone(),
             Arc::clone(&stats),

@@ -30,26 +30,36 @@ pub(super) fn members(status: &Value) -> Vec<(u64, bool)> {
 
 /// Registers `keys` through member `via` in one batch; panics unless each is acknowledged.
 pub(super) async fn register(cluster: &Cluster, via: u64, keys: &[String]) {
-    let heartbeats: Vec<Value> = keys
-        .iter()
-        .map(|key| json!({ "key": key, "ttl_s": 600 }))
-        .collect();
     let (status, body, _) = cluster
         .call(
             via,
             Method::POST,
             "/v1/heartbeats/batch",
-            Some(json!({ "heartbeats": heartbeats })),
+            Some(batch_of(keys)),
         )
         .await
         .expect("an answer");
     assert_eq!(status, StatusCode::OK, "{body}\n{}", cluster.logs());
+    assert_acknowledged(&body, keys.len());
+}
+
+/// The batch route's request registering `keys` (a 600 s TTL).
+pub(super) fn batch_of(keys: &[String]) -> Value {
+    let heartbeats: Vec<Value> = keys
+        .iter()
+        .map(|key| json!({ "key": key, "ttl_s": 600 }))
+        .collect();
+    json!({ "heartbeats": heartbeats })
+}
+
+/// Panics unless `body`, the batch route's answer, acknowledges each of its `n` heartbeats.
+pub(super) fn assert_acknowledged(body: &Value, n: usize) {
     let results = body["results"].as_array().map_or(&[][..], Vec::as_slice);
     let failed = results
         .iter()
         .filter(|result| result.get("error").is_some());
     assert!(
-        results.len() == keys.len() && failed.count() == 0,
+        results.len() == n && failed.count() == 0,
         "not every heartbeat acknowledged: {body}"
     );
 }

@@ -410,6 +410,15 @@ pub struct Config {
           value_parser = parse_positive_duration, requires = "node_id", help_heading = "Cluster")]
     pub election_timeout: Duration,
 
+    /// Bytes of Raft log entries after the last snapshot past which a member takes another and
+    /// purges the log behind it. Smaller makes a restart's replay and a new member's catch-up
+    /// (a snapshot transfer, then the log) shorter, for more snapshot work. At least 1 MiB.
+    #[arg(long, env = "TTLWHEEL_SNAPSHOT_LOG_BYTES",
+          default_value_t = crate::cluster::node::SNAPSHOT_AFTER_LOG_BYTES,
+          value_parser = clap::value_parser!(u64).range(1 << 20..=1 << 40),
+          requires = "node_id", help_heading = "Cluster")]
+    pub snapshot_log_bytes: u64,
+
     #[command(subcommand)]
     pub command: Option<Command>,
 }
@@ -522,6 +531,7 @@ impl Config {
             join: self.join.clone(),
             learner: self.learner,
             join_token: self.join_token.clone(),
+            snapshot_log_bytes: self.snapshot_log_bytes,
         }))
     }
 

@@ -36,7 +36,7 @@ use super::group_commit::GroupCommit;
 use super::leadership::{self, Parts};
 use super::lease::{LeaseConfig, LeaseRules};
 use super::log_store::LogStore;
-use super::membership::{self, Join, NewMember};
+use super::membership::{self, Join, MembershipStatus, NewMember};
 use super::metrics::{ClusterCollector, ClusterStats};
 use super::network::{route, Contacts, PeerNetwork, Peers};
 use super::peer_server::{self, PeerState};
@@ -118,6 +118,8 @@ pub struct ClusterSettings {
     pub learner: bool,
     /// The admin token `--join` sends (`TTLWHEEL_TOKEN`).
     pub join_token: Option<String>,
+    /// `--snapshot-log-bytes`: the log's size after the last snapshot that makes another.
+    pub snapshot_log_bytes: u64,
 }
 
 /// A member that cannot start.
@@ -196,6 +198,8 @@ pub struct MemberStatus {
     pub peer_addr: String,
     /// Empty until the leader has learnt it.
     pub api_addr: String,
+    /// In one of the voter sets in force (`membership.voters`): it counts in a quorum. While
+    /// joint, a member being added or removed is one too.
     pub voter: bool,
     /// The last entry known replicated to it (the leader knows; `null` elsewhere).
     pub matched_index: Option<u64>,
@@ -217,6 +221,8 @@ pub struct ClusterStatus {
     /// 0 before anything is applied.
     pub applied_index: u64,
     pub members: Vec<MemberStatus>,
+    /// The voter sets in force and whether a membership change is unfinished.
+    pub membership: MembershipStatus,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -254,7 +260,7 @@ pub struct Cluster {
 }
 
 /// The bytes of log entries after the last snapshot past which a member takes another (and
-/// purges the log behind it), whatever the number of entries.
+/// purges the log behind it), whatever the number of entries: `--snapshot-log-bytes`'s default.
 pub const SNAPSHOT_AFTER_LOG_BYTES: u64 = 64 << 20;
 /// Entries kept behind a snapshot, for a follower a little behind (openraft's default is
 /// 1,000: as many batches of 1,000 creations are ~40 MB).
@@ -262,19 +268,20 @@ const KEPT_BEHIND_SNAPSHOT: u64 = 256;
 /// How often the log's size is looked at.
 const SNAPSHOT_SIZE_CHECK: Duration = Duration::from_secs(5);
 
-/// Takes a snapshot when the entries after the last one pass [`SNAPSHOT_AFTER_LOG_BYTES`].
+/// Takes a snapshot when the entries after the last one pass `bound` bytes
+/// ([`SNAPSHOT_AFTER_LOG_BYTES`] by default).
 /// openraft 0.9's policy counts entries (`LogsSinceLast`), and entries vary from one record to
 /// thousands: measured, checkpoints of ~3,500 keys at 28 entries/s (1M keys renewed at 100k/s)
 /// grew each member's log by 2.4 MB/s and would have reached the 1M-entry policy after ~10
 /// hours and ~87 GB, all of it replayed by a restart. Counted after the snapshot, not over the
 /// whole log: openraft keeps [`KEPT_BEHIND_SNAPSHOT`] entries behind it, and segments leave
 /// whole, so the log on disk stays above the bound for a while after each snapshot.
-async fn snapshot_by_size(raft: Raft<TypeConfig>, log: LogStore) {
+async fn snapshot_by_size(raft: Raft<TypeConfig>, log: LogStore, bound: u64) {
     loop {
         tokio::time::sleep(SNAPSHOT_SIZE_CHECK).await;
         let snapshots_before = raft.metrics().borrow().snapshot;
         let bytes = log.bytes_after(snapshots_before.map(|id| id.index));
-        if bytes < SNAPSHOT_AFTER_LOG_BYTES {
+        if bytes < bound {
             continue;
         }
         tracing::info!(
@@ -419,7 +426,11 @@ impl Cluster {
         tasks.push(server);
         let (writes, proposer) = GroupCommit::start(raft.clone());
         tasks.push(proposer);
-        tasks.push(tokio::spawn(snapshot_by_size(raft.clone(), log.clone())));
+        tasks.push(tokio::spawn(snapshot_by_size(
+            raft.clone(),
+            log.clone(),
+            settings.snapshot_log_bytes,
+        )));
         tasks.push(tokio::spawn(super::metrics::count_leader_changes(
             raft.clone(),
             Arc::clone(&stats),
@@ -441,6 +452,8 @@ impl Cluster {
         };
         cluster.bootstrap(&settings).await?;
         let mut cluster = cluster.with_api_address_task();
+        let finisher = membership::finish_left_over_joint(cluster.raft.clone());
+        cluster.tasks.push(tokio::spawn(finisher));
         if let Some(join) = cluster.join_to_run(&settings) {
             cluster.tasks.push(tokio::spawn(membership::run_join(join)));
         }
@@ -643,6 +656,7 @@ impl Cluster {
                 }
             })
             .collect();
+        let committed = self.log.committed().map(|log_id| log_id.index);
         let leader_api = metrics
             .current_leader
             .and_then(|leader| membership.get_node(&leader))
@@ -654,9 +668,10 @@ impl Cluster {
             leader_id: metrics.current_leader,
             leader_api,
             term: metrics.current_term,
-            committed_index: self.log.committed().map_or(0, |log_id| log_id.index),
+            committed_index: committed.unwrap_or(0),
             applied_index: metrics.last_applied.map_or(0, |log_id| log_id.index),
             members,
+            membership: membership::membership_status(&metrics.membership_config, committed),
         }
     }
 

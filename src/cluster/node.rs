@@ -32,6 +32,7 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 
 use super::auth::PeerAuth;
+use super::campaign::{self, CampaignGate, CampaignTiming};
 use super::group_commit::GroupCommit;
 use super::leadership::{self, Parts};
 use super::lease::{LeaseConfig, LeaseRules};
@@ -216,6 +217,9 @@ pub struct ClusterStatus {
     pub committed_index: u64,
     /// 0 before anything is applied.
     pub applied_index: u64,
+    /// Whether this member may call an election now (`campaign.rs`): enough voters answer
+    /// that they would vote for it.
+    pub may_campaign: bool,
     pub members: Vec<MemberStatus>,
 }
 
@@ -246,6 +250,8 @@ pub struct Cluster {
     signals: Arc<LeaseSignals>,
     /// What the member counts for `/metrics`.
     stats: Arc<ClusterStats>,
+    /// Whether openraft may call an election now (the campaign task keeps it).
+    campaign: Arc<CampaignGate>,
     /// A member heard from its quorum (leader) or its leader (follower) within this is "in a
     /// quorum" for `/readyz`: openraft's `election_timeout_max`, its leader lease, within
     /// which no follower calls an election.
@@ -314,6 +320,8 @@ fn raft_config(
         max_payload_entries: 64,
         max_in_snapshot_log_to_keep: KEPT_BEHIND_SNAPSHOT,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(1_000_000),
+        // Off until the campaign gate (`campaign.rs`) hears that enough voters would vote.
+        enable_elect: false,
         ..Default::default()
     };
     config
@@ -393,6 +401,7 @@ impl Cluster {
             advertise_api: settings.advertise_api.clone(),
             leader_contact: Arc::clone(&leader_contact),
             leader_commit: Arc::clone(&leader_commit),
+            leader_lease: settings.election_timeout.1,
         };
         let server = tokio::spawn(async move {
             let router = peer_server::router(peer_state);
@@ -421,6 +430,14 @@ impl Cluster {
             raft.clone(),
             Arc::clone(&stats),
         )));
+        let campaign = Arc::new(CampaignGate::default());
+        tasks.push(tokio::spawn(campaign::run(
+            Arc::clone(&campaign),
+            raft.clone(),
+            Arc::clone(&peers),
+            settings.node_id,
+            CampaignTiming::new(settings.election_timeout),
+        )));
         let cluster = Self {
             id: settings.node_id,
             raft,
@@ -433,6 +450,7 @@ impl Cluster {
             api,
             signals,
             stats,
+            campaign,
             in_quorum_within: settings.election_timeout.1,
             tasks,
         };
@@ -653,6 +671,7 @@ impl Cluster {
             term: metrics.current_term,
             committed_index: self.log.committed().map_or(0, |log_id| log_id.index),
             applied_index: metrics.last_applied.map_or(0, |log_id| log_id.index),
+            may_campaign: self.campaign.may_campaign(),
             members,
         }
     }
@@ -669,6 +688,7 @@ impl Cluster {
             raft: self.raft.clone(),
             log: self.log.clone(),
             stats: Arc::clone(&self.stats),
+            campaign: Arc::clone(&self.campaign),
         }
     }
 

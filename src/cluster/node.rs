@@ -588,12 +588,24 @@ impl Cluster {
         written.unwrap_or(Err(ProposeError::NoQuorum(2 * PROPOSE_TIMEOUT)))
     }
 
-    /// Forwards `request` to the leader; 503 `no_leader` when none is known or reachable.
+    /// Forwards `request` to the leader; 503 `no_leader` when none is known or reachable, or
+    /// when this member has not heard from it within the leader lease (`in_quorum_within`):
+    /// cut off from it, a follower keeps it as its leader (the campaign gate, `campaign.rs`,
+    /// keeps it from becoming a candidate, which used to forget the leader), and a request
+    /// forwarded into a dead link would wait the forward's whole timeout (30 s).
     pub async fn forward(&self, request: Request<Body>) -> Response {
         match self.leader() {
             Some((leader, _)) if leader == self.id => forward::unavailable(
                 "no_leader",
                 "this member leads, but the request was forwarded to it as to a follower".into(),
+            ),
+            Some((leader, _)) if !self.heard_from_leader_recently() => forward::unavailable(
+                "no_leader",
+                format!(
+                    "this member has not heard from the leader it knows (member {leader}) within \
+                     {:?}: it may be cut off from it",
+                    self.in_quorum_within
+                ),
             ),
             Some((leader, member)) => {
                 let addr = self.peers.address_of(leader, &member);
@@ -604,6 +616,13 @@ impl Cluster {
                 "no leader is known: an election is under way or no quorum is reachable".into(),
             ),
         }
+    }
+
+    /// Whether this member accepted an AppendEntries within the leader lease
+    /// (`in_quorum_within`).
+    fn heard_from_leader_recently(&self) -> bool {
+        let contact = *self.leader_contact.lock();
+        contact.is_some_and(|at| at.elapsed() < self.in_quorum_within)
     }
 
     /// Milliseconds since this member last heard from the leader (0 on the leader itself);
@@ -697,8 +716,6 @@ impl Cluster {
         let metrics = self.raft.metrics().borrow().clone();
         let applied = metrics.last_applied.map_or(0, |log_id| log_id.index);
         let committed = self.log.committed().map_or(0, |log_id| log_id.index);
-        let recent =
-            |at: Option<Instant>| at.is_some_and(|at| at.elapsed() < self.in_quorum_within);
         match metrics.current_leader {
             None => Err("no leader is known".into()),
             // A leader serves only under its lease (promoted, a quorum within the fence): a
@@ -715,7 +732,7 @@ impl Cluster {
                 }
                 _ => Err("this leader has not heard from a quorum recently".into()),
             },
-            Some(_) if !recent(*self.leader_contact.lock()) => {
+            Some(_) if !self.heard_from_leader_recently() => {
                 Err("this member has not heard from the leader recently".into())
             }
             Some(_) => {

@@ -561,10 +561,12 @@ struct QuietWrite {
 ///
 /// **What must hold** (each checked): a steady stream of single heartbeats, each creating a
 /// key through the log, sent to the leader from before the cut until [`QUIET_WATCH`] after
-/// the heal, is answered 200 every time (no 503 across the heal: the leader never steps
-/// down); the leader's `GET /v1/cluster`, polled all along, names the same leader in the same
-/// term; the healed follower ends in that term too, following that leader, and holds every key
-/// written (the keys written while it was cut off included).
+/// the heal, is answered 200 (no 503 across the heal: the leader never steps down), but for
+/// a lone 503 `no_quorum` between two 200s ([`refused_writes`]); the leader's `GET
+/// /v1/cluster`, polled all along, names the same leader in the same term; the cut-off
+/// follower's gate is shut while it is cut off; the healed follower ends in that term too,
+/// following that leader, and holds every key acknowledged (those written while it was cut
+/// off included).
 ///
 /// **What would make it fail**: a cut-off follower that campaigns (its term climbs with each
 /// election timeout) and, at the heal, hands the higher term to the leader (in an
@@ -612,27 +614,7 @@ async fn a_cut_off_follower_rejoins_without_deposing_the_leader() {
             ));
         }
     }
-    let refused: Vec<&QuietWrite> = (writes.iter())
-        .filter(|write| write.status != Some(StatusCode::OK))
-        .collect();
-    if let (Some(first), Some(last)) = (refused.first(), refused.last()) {
-        let since_heal = |write: &QuietWrite| write.sent.checked_duration_since(healed);
-        found.push(format!(
-            "{} of {} writes to the leader were not answered 200: the first, {}, {:?} {:?} \
-             (sent {:?} after the heal; None: before it); the last, {}, {:?} {:?} (sent {:?} \
-             after it)",
-            refused.len(),
-            writes.len(),
-            first.key,
-            first.status,
-            first.code,
-            since_heal(first),
-            last.key,
-            last.status,
-            last.code,
-            since_heal(last),
-        ));
-    }
+    found.extend(refused_writes(&writes, healed));
     if campaigning_while_cut != Some(false) {
         found.push(format!(
             "member {cut}'s GET /v1/cluster showed may_campaign {campaigning_while_cut:?} while \
@@ -672,6 +654,52 @@ async fn a_cut_off_follower_rejoins_without_deposing_the_leader() {
         found.join("\n- "),
         cluster.logs()
     );
+}
+
+/// The writes of [`write_steadily`] not answered 200, as violations, but for a lone 503
+/// `no_quorum` between two 200s: the leader's fence refusing one write when a round of
+/// AppendEntries to the healthy follower timed out (150 ms) on a loaded machine, which
+/// happened once in some twenty-five runs, two seconds after the heal, in the leader's term. A
+/// step-down answers `no_leader`, then `no_quorum` until the new leader is promoted, for a
+/// second or more (58 and 67 writes refused in two runs before the campaign gate).
+fn refused_writes(writes: &[QuietWrite], healed: Instant) -> Vec<String> {
+    let refused = |at: usize| {
+        writes
+            .get(at)
+            .is_some_and(|w| w.status != Some(StatusCode::OK))
+    };
+    let lone_fence = |at: usize| {
+        let write = &writes[at];
+        write.status == Some(StatusCode::SERVICE_UNAVAILABLE)
+            && write.code.as_deref() == Some("no_quorum")
+            && !refused(at + 1)
+            && (at == 0 || !refused(at - 1))
+    };
+    let describe = |write: &QuietWrite| {
+        let since_heal = write.sent.checked_duration_since(healed);
+        format!(
+            "{} {:?} {:?} (sent {since_heal:?} after the heal; None: before it)",
+            write.key, write.status, write.code
+        )
+    };
+    let (lone, counted): (Vec<usize>, Vec<usize>) = (0..writes.len())
+        .filter(|&at| refused(at))
+        .partition(|&at| lone_fence(at));
+    if !lone.is_empty() {
+        let lone: Vec<String> = lone.iter().map(|&at| describe(&writes[at])).collect();
+        eprintln!("lone fence refusals, allowed: {lone:?}");
+    }
+    match (counted.first(), counted.last()) {
+        (Some(&first), Some(&last)) => vec![format!(
+            "{} of {} writes to the leader were not answered 200 (lone 503 no_quorum left \
+             out): the first, {}; the last, {}",
+            counted.len(),
+            writes.len(),
+            describe(&writes[first]),
+            describe(&writes[last]),
+        )],
+        _ => Vec::new(),
+    }
 }
 
 /// Sends single heartbeats, each creating a new key, to member `leader` one after another

@@ -150,7 +150,9 @@ pub fn held(
 /// A peer's newest answered ping: when it was sent, and whether the peer was held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Heard {
+    /// When the ping was sent (before sending: an answer only ever looks older than it is).
     pub sent_at: Instant,
+    /// What the peer answered: whether a leader held it ([`held`]).
     pub held: bool,
 }
 

@@ -1,8 +1,9 @@
 //! A member's Prometheus metrics (issue 28, section 4): what Raft reports, read at each scrape
 //! (role, term, leader, committed and applied index, each follower's replication lag as the
-//! leader sees it, the age of the leader's quorum acknowledgment), and what the member counts
-//! as it goes ([`ClusterStats`]: leader changes, checkpoints' size and commit latency,
-//! promotions and the keys a promotion gave the failover grace).
+//! leader sees it, the age of the leader's quorum acknowledgment), whether the campaign gate
+//! lets it call an election, and what the member counts as it goes ([`ClusterStats`]: leader
+//! changes, checkpoints' size and commit latency, promotions and the keys a promotion gave the
+//! failover grace).
 //!
 //! Registered into the service's metrics by `Service::start_member` (`Metrics::add_collector`),
 //! so `metrics` does not know the cluster. Label cardinality: one label, `member`, bounded by
@@ -18,6 +19,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::MetricType;
 
+use super::campaign::CampaignGate;
 use super::log_store::LogStore;
 use super::types::{NodeId, TypeConfig};
 use crate::metrics::{counter1, gauge1};
@@ -77,6 +79,7 @@ pub struct ClusterCollector {
     pub raft: Raft<TypeConfig>,
     pub log: LogStore,
     pub stats: Arc<ClusterStats>,
+    pub campaign: Arc<CampaignGate>,
 }
 
 impl std::fmt::Debug for ClusterCollector {
@@ -156,6 +159,12 @@ impl Collector for ClusterCollector {
             metrics
                 .millis_since_quorum_ack
                 .map_or(-1.0, |ms| ms as f64 / 1000.0),
+        )?;
+        gauge1(
+            &mut encoder,
+            "ttlwheel_cluster_may_campaign",
+            "1 while this member may call an election (enough voters answer that they would vote for it), 0 otherwise.",
+            if self.campaign.may_campaign() { 1.0 } else { 0.0 },
         )?;
         if let Some(replication) = &metrics.replication {
             let mut family = encoder.encode_descriptor(

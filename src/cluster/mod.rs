@@ -22,6 +22,8 @@
 //!   and what Raft reports, it says what to do.
 //! - [`leadership`]: the lease task that feeds [`lease`] and carries out its actions, and the
 //!   leader's sweeper that proposes expiries; [`signals`]: what they share with the API.
+//! - [`campaign`]: the campaign gate, openraft 0.9 having no pre-vote: elections only while
+//!   enough voters answer that they would vote, so a cut-off member never raises its term.
 //! - [`membership`]: adding a learner, promoting it once caught up, removing a member, and
 //!   `--join`.
 //! - [`metrics`]: the member's Prometheus metrics (Raft's state read at each scrape, and
@@ -35,6 +37,7 @@
 //! `StorageError` (the operation and subject it failed on, and this error's message).
 
 pub mod auth;
+pub mod campaign;
 pub mod forward;
 pub mod group_commit;
 pub mod leadership;

@@ -1,6 +1,7 @@
 //! The Raft network: openraft's RPCs (append, vote, whole snapshots) as HTTP requests to the
 //! peers' `--cluster-listen` ports ([`super::peer_server`] answers them), signed by
-//! [`PeerAuth`].
+//! [`PeerAuth`]. Our own peer requests (`/raft/info`, `/raft/forward`, the campaign gate's
+//! `/raft/ping`) go through [`Peers::post`] the same way.
 //!
 //! - **Addresses**: a peer is dialled at its membership entry's `peer_addr`, unless
 //!   `--peer-route ID=HOST:PORT` routes it elsewhere (a sidecar, a NAT, or the fault proxy the
@@ -45,6 +46,8 @@ pub mod route {
     pub const SNAPSHOT: &str = "/raft/snapshot";
     pub const FORWARD: &str = "/raft/forward";
     pub const INFO: &str = "/raft/info";
+    /// The campaign gate's probe ([`crate::cluster::campaign`]).
+    pub const PING: &str = "/raft/ping";
 }
 
 /// The last answered request to each peer: when it was sent, in which term.

@@ -32,6 +32,7 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 
 use super::auth::PeerAuth;
+use super::campaign::{self, CampaignGate, CampaignTiming};
 use super::group_commit::GroupCommit;
 use super::leadership::{self, Parts};
 use super::lease::{LeaseConfig, LeaseRules};
@@ -220,6 +221,9 @@ pub struct ClusterStatus {
     pub committed_index: u64,
     /// 0 before anything is applied.
     pub applied_index: u64,
+    /// Whether this member may call an election now (`campaign.rs`): enough voters answer
+    /// that they would vote for it.
+    pub may_campaign: bool,
     pub members: Vec<MemberStatus>,
     /// The voter sets in force and whether a membership change is unfinished.
     pub membership: MembershipStatus,
@@ -252,6 +256,8 @@ pub struct Cluster {
     signals: Arc<LeaseSignals>,
     /// What the member counts for `/metrics`.
     stats: Arc<ClusterStats>,
+    /// Whether openraft may call an election now (the campaign task keeps it).
+    campaign: Arc<CampaignGate>,
     /// A member heard from its quorum (leader) or its leader (follower) within this is "in a
     /// quorum" for `/readyz`: openraft's `election_timeout_max`, its leader lease, within
     /// which no follower calls an election.
@@ -324,6 +330,8 @@ fn raft_config(
         max_payload_entries: 64,
         max_in_snapshot_log_to_keep: KEPT_BEHIND_SNAPSHOT,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(1_000_000),
+        // Off until the campaign gate (`campaign.rs`) hears that enough voters would vote.
+        enable_elect: false,
         ..Default::default()
     };
     config
@@ -403,6 +411,7 @@ impl Cluster {
             advertise_api: settings.advertise_api.clone(),
             leader_contact: Arc::clone(&leader_contact),
             leader_commit: Arc::clone(&leader_commit),
+            leader_lease: settings.election_timeout.1,
         };
         let server = tokio::spawn(async move {
             let router = peer_server::router(peer_state);
@@ -435,6 +444,14 @@ impl Cluster {
             raft.clone(),
             Arc::clone(&stats),
         )));
+        let campaign = Arc::new(CampaignGate::default());
+        tasks.push(tokio::spawn(campaign::run(
+            Arc::clone(&campaign),
+            raft.clone(),
+            Arc::clone(&peers),
+            settings.node_id,
+            CampaignTiming::new(settings.election_timeout),
+        )));
         let cluster = Self {
             id: settings.node_id,
             raft,
@@ -447,6 +464,7 @@ impl Cluster {
             api,
             signals,
             stats,
+            campaign,
             in_quorum_within: settings.election_timeout.1,
             tasks,
         };
@@ -586,12 +604,24 @@ impl Cluster {
         written.unwrap_or(Err(ProposeError::NoQuorum(2 * PROPOSE_TIMEOUT)))
     }
 
-    /// Forwards `request` to the leader; 503 `no_leader` when none is known or reachable.
+    /// Forwards `request` to the leader; 503 `no_leader` when none is known or reachable, or
+    /// when this member has not heard from it within the leader lease (`in_quorum_within`):
+    /// cut off from it, a follower keeps it as its leader (the campaign gate, `campaign.rs`,
+    /// keeps it from becoming a candidate, which used to forget the leader), and a request
+    /// forwarded into a dead link would wait the forward's whole timeout (30 s).
     pub async fn forward(&self, request: Request<Body>) -> Response {
         match self.leader() {
             Some((leader, _)) if leader == self.id => forward::unavailable(
                 "no_leader",
                 "this member leads, but the request was forwarded to it as to a follower".into(),
+            ),
+            Some((leader, _)) if !self.heard_from_leader_recently() => forward::unavailable(
+                "no_leader",
+                format!(
+                    "this member has not heard from the leader it knows (member {leader}) within \
+                     {:?}: it may be cut off from it",
+                    self.in_quorum_within
+                ),
             ),
             Some((leader, member)) => {
                 let addr = self.peers.address_of(leader, &member);
@@ -602,6 +632,13 @@ impl Cluster {
                 "no leader is known: an election is under way or no quorum is reachable".into(),
             ),
         }
+    }
+
+    /// Whether this member accepted an AppendEntries within the leader lease
+    /// (`in_quorum_within`).
+    fn heard_from_leader_recently(&self) -> bool {
+        let contact = *self.leader_contact.lock();
+        contact.is_some_and(|at| at.elapsed() < self.in_quorum_within)
     }
 
     /// Milliseconds since this member last heard from the leader (0 on the leader itself);
@@ -670,6 +707,7 @@ impl Cluster {
             term: metrics.current_term,
             committed_index: committed.unwrap_or(0),
             applied_index: metrics.last_applied.map_or(0, |log_id| log_id.index),
+            may_campaign: self.campaign.may_campaign(),
             members,
             membership: membership::membership_status(&metrics.membership_config, committed),
         }
@@ -711,6 +749,7 @@ impl Cluster {
             raft: self.raft.clone(),
             log: self.log.clone(),
             stats: Arc::clone(&self.stats),
+            campaign: Arc::clone(&self.campaign),
         }
     }
 
@@ -719,8 +758,6 @@ impl Cluster {
         let metrics = self.raft.metrics().borrow().clone();
         let applied = metrics.last_applied.map_or(0, |log_id| log_id.index);
         let committed = self.log.committed().map_or(0, |log_id| log_id.index);
-        let recent =
-            |at: Option<Instant>| at.is_some_and(|at| at.elapsed() < self.in_quorum_within);
         match metrics.current_leader {
             None => Err("no leader is known".into()),
             // A leader serves only under its lease (promoted, a quorum within the fence): a
@@ -737,7 +774,7 @@ impl Cluster {
                 }
                 _ => Err("this leader has not heard from a quorum recently".into()),
             },
-            Some(_) if !recent(*self.leader_contact.lock()) => {
+            Some(_) if !self.heard_from_leader_recently() => {
                 Err("this member has not heard from the leader recently".into())
             }
             Some(_) => {

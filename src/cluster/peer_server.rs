@@ -7,6 +7,8 @@
 //! - `/raft/snapshot`: a whole snapshot ([`super::network`] describes the body), written to the
 //!   state machine's incoming file and synced before it is installed.
 //! - `/raft/info`: this member's id and API address (the leader fills in the membership).
+//! - `/raft/ping`: this member's id and whether a leader holds it (it would refuse a vote):
+//!   the probe of [`super::campaign`]'s gate.
 //! - `/raft/forward`: an API request a follower forwards to this member (the leader), served by
 //!   the API's own router with the caller's credentials ([`super::forward`]).
 //!
@@ -29,6 +31,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use super::auth::{self, PeerAuth};
+use super::campaign::{self, PingAnswer};
 use super::forward;
 use super::network::{route, SnapshotHead};
 use super::node::MemberInfo;
@@ -55,6 +58,8 @@ pub struct PeerState {
     /// The highest commit index a leader's accepted AppendEntries named (`/readyz` on a
     /// follower: caught up means applied that far, not only as far as its own log goes).
     pub leader_commit: Arc<std::sync::atomic::AtomicU64>,
+    /// openraft's leader lease (`election_timeout_max`), for `/raft/ping`'s "held".
+    pub leader_lease: std::time::Duration,
 }
 
 /// The peer listener's router.
@@ -64,6 +69,7 @@ pub fn router(state: PeerState) -> Router {
         .route(route::VOTE, post(vote))
         .route(route::FORWARD, post(forward_request))
         .route(route::INFO, post(info))
+        .route(route::PING, post(ping))
         .layer(DefaultBodyLimit::max(MAX_RPC_BYTES))
         .route(
             route::SNAPSHOT,
@@ -151,6 +157,20 @@ async fn info(State(state): State<PeerState>, headers: HeaderMap, body: Bytes) -
     json(&MemberInfo {
         node_id: state.raft.metrics().borrow().id,
         api_addr: state.advertise_api.clone(),
+    })
+}
+
+async fn ping(State(state): State<PeerState>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Err(refused) = check(&state, route::PING, &headers, &body) {
+        return refused.into_response();
+    }
+    let leader_contact = *state.leader_contact.lock();
+    let metrics = state.raft.metrics();
+    let metrics = metrics.borrow();
+    let held = campaign::held(&metrics, leader_contact, state.leader_lease, Instant::now());
+    json(&PingAnswer {
+        node_id: metrics.id,
+        held,
     })
 }
 

@@ -24,8 +24,7 @@
 //! - *Nothing acknowledged is lost, nothing live expires*: at the end (clients stopped, one
 //!   applied index) every member lists each written key with its last acknowledged service and
 //!   none whose delete was acknowledged, and no delete found its key already gone; no live key is reported expired on any stream or
-//!   listed expired (the heal may depose the leader: the follower comes back with a higher
-//!   term); the history checker passes on every client operation and the final listing.
+//!   listed expired; the history checker passes on every client operation and the final listing.
 //! - *The scenario did what it says*: the majority expired every dead key, and the writer
 //!   created, deleted and moved keys, while the follower was cut off.
 //!
@@ -39,6 +38,10 @@
 //! that never catches up after the blackhole (a replication stream left broken, a log conflict
 //! resolved wrongly) or applies the log differently (listings differ at one index); a member
 //! that publishes an entry's events twice, or none, when it catches up.
+//!
+//! A second, lighter test ([`a_cut_off_follower_rejoins_without_deposing_the_leader`]) cuts a
+//! follower off with no other load and checks that the heal leaves the leader and its term
+//! alone (the campaign gate, `src/cluster/campaign.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -532,5 +535,270 @@ async fn expired_once_each(
             return found;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// How long the quiet-rejoin test keeps a follower cut off: three or more of its election
+/// timeouts (1.2-1.6 s after its last contact with the leader, then 0.4-0.8 s each).
+const QUIET_CUT: Duration = Duration::from_secs(4);
+/// How long the quiet-rejoin test watches the leader after the heal.
+const QUIET_WATCH: Duration = Duration::from_secs(3);
+/// Between two single-heartbeat writes to the leader.
+const QUIET_WRITE_EVERY: Duration = Duration::from_millis(25);
+
+/// One write of the quiet-rejoin test: a new key's heartbeat sent to the leader.
+struct QuietWrite {
+    key: String,
+    sent: Instant,
+    /// `None`: no answer (the client's timeout, 10 s, is above the 5 s proposal bound).
+    status: Option<StatusCode>,
+    code: Option<String>,
+}
+
+/// A follower cut off (every link to and from it blackholed) for [`QUIET_CUT`], then healed,
+/// rejoins quietly: it never campaigns while it cannot win (`campaign.rs`'s gate, openraft
+/// 0.9 having no pre-vote), so no higher term reaches the healthy leader at the heal.
+///
+/// **What must hold** (each checked): a steady stream of single heartbeats, each creating a
+/// key through the log, sent to the leader from before the cut until [`QUIET_WATCH`] after
+/// the heal, is answered 200 (no 503 across the heal: the leader never steps down), but for
+/// a lone 503 `no_quorum` between two 200s ([`refused_writes`]); the leader's `GET
+/// /v1/cluster`, polled all along, names the same leader in the same term; the cut-off
+/// follower's gate is shut while it is cut off; the healed follower ends in that term too,
+/// following that leader, and holds every key acknowledged (those written while it was cut
+/// off included).
+///
+/// **What would make it fail**: a cut-off follower that campaigns (its term climbs with each
+/// election timeout) and, at the heal, hands the higher term to the leader (in an
+/// AppendEntries answer or a vote request), which steps down: the term jumps and the writes
+/// meanwhile get 503s; a follower that never catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_follower_rejoins_without_deposing_the_leader() {
+    let _one_at_a_time = HEAVY.lock().await;
+    let cluster = Cluster::start("quiet-rejoin", 3, &[]).await;
+    let leader = cluster.leader().await;
+    // The leader records members' API addresses with a membership change (`SetNodes`), which
+    // restarts replication: one during the cut briefly fenced the leader (a 503 `no_quorum`).
+    // That is not what this test is about; it starts once the addresses are in.
+    let every_api_addr = |status: &serde_json::Value| {
+        (status["members"].as_array()).is_some_and(|members| {
+            (members.iter())
+                .all(|member| member["api_addr"].as_str().is_some_and(|a| !a.is_empty()))
+        })
+    };
+    (cluster.wait_for_status(leader, "knew every member's API address", every_api_addr)).await;
+    let term = term_of(&cluster, leader).await;
+    let cut = cluster.running_other_than(&[leader]);
+    let (stop, stopped) = watch::channel(false);
+    let watched = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        cluster.isolate(cut);
+        let during = leader_views(&cluster, leader, QUIET_CUT).await;
+        let campaigning_while_cut = may_campaign(&cluster, cut).await;
+        cluster.heal();
+        let healed = Instant::now();
+        let after = leader_views(&cluster, leader, QUIET_WATCH).await;
+        let _ = stop.send(true);
+        (during, campaigning_while_cut, healed, after)
+    };
+    let (writes, (during, campaigning_while_cut, healed, after)) =
+        tokio::join!(write_steadily(&cluster, leader, stopped), watched);
+
+    let mut found = Vec::new();
+    for (phase, views) in [("while cut off", &during), ("after the heal", &after)] {
+        if views.iter().any(|view| *view != Some((leader, term))) {
+            found.push(format!(
+                "{phase}: the leader's GET /v1/cluster, every 100 ms, showed (leader, term) \
+                 {:?} (each with how many polls in a row), not ({leader}, {term}) throughout",
+                runs(views)
+            ));
+        }
+    }
+    found.extend(refused_writes(&writes, healed));
+    if campaigning_while_cut != Some(false) {
+        found.push(format!(
+            "member {cut}'s GET /v1/cluster showed may_campaign {campaigning_while_cut:?} while \
+             it was cut off (false expected: it can reach no voter)"
+        ));
+    }
+    let written: Vec<String> = (writes.iter())
+        .filter(|write| write.status == Some(StatusCode::OK))
+        .map(|write| write.key.clone())
+        .collect();
+    let (cut_view, missing) = rejoined(&cluster, cut, &written).await;
+    if cut_view != Some((leader, term)) {
+        found.push(format!(
+            "member {cut} rejoined with (leader, term) {cut_view:?}, not ({leader}, {term})"
+        ));
+    }
+    if !missing.is_empty() {
+        found.push(format!(
+            "member {cut} lacks {} acknowledged keys within {WAIT:?} of the heal, the first: \
+             {:?}",
+            missing.len(),
+            &missing[..missing.len().min(10)]
+        ));
+    }
+    let summary = format!(
+        "quiet rejoin: leader {leader} in term {term}; member {cut} cut off for {QUIET_CUT:?}; \
+         {} writes to the leader; {} and {} views of the leader polled during and after",
+        writes.len(),
+        during.len(),
+        after.len()
+    );
+    eprintln!("{summary}");
+    assert!(
+        found.is_empty(),
+        "{} violation(s):\n- {}\n{summary}\n{}",
+        found.len(),
+        found.join("\n- "),
+        cluster.logs()
+    );
+}
+
+/// The writes of [`write_steadily`] not answered 200, as violations, but for a lone 503
+/// `no_quorum` between two 200s: the leader's fence refusing one write when a round of
+/// AppendEntries to the healthy follower timed out (150 ms) on a loaded machine, which
+/// happened once in some twenty-five runs, two seconds after the heal, in the leader's term. A
+/// step-down answers `no_leader`, then `no_quorum` until the new leader is promoted, for a
+/// second or more (58 and 67 writes refused in two runs before the campaign gate).
+fn refused_writes(writes: &[QuietWrite], healed: Instant) -> Vec<String> {
+    let refused = |at: usize| {
+        writes
+            .get(at)
+            .is_some_and(|w| w.status != Some(StatusCode::OK))
+    };
+    let lone_fence = |at: usize| {
+        let write = &writes[at];
+        write.status == Some(StatusCode::SERVICE_UNAVAILABLE)
+            && write.code.as_deref() == Some("no_quorum")
+            && !refused(at + 1)
+            && (at == 0 || !refused(at - 1))
+    };
+    let describe = |write: &QuietWrite| {
+        let since_heal = write.sent.checked_duration_since(healed);
+        format!(
+            "{} {:?} {:?} (sent {since_heal:?} after the heal; None: before it)",
+            write.key, write.status, write.code
+        )
+    };
+    let (lone, counted): (Vec<usize>, Vec<usize>) = (0..writes.len())
+        .filter(|&at| refused(at))
+        .partition(|&at| lone_fence(at));
+    if !lone.is_empty() {
+        let lone: Vec<String> = lone.iter().map(|&at| describe(&writes[at])).collect();
+        eprintln!("lone fence refusals, allowed: {lone:?}");
+    }
+    match (counted.first(), counted.last()) {
+        (Some(&first), Some(&last)) => vec![format!(
+            "{} of {} writes to the leader were not answered 200 (lone 503 no_quorum left \
+             out): the first, {}; the last, {}",
+            counted.len(),
+            writes.len(),
+            describe(&writes[first]),
+            describe(&writes[last]),
+        )],
+        _ => Vec::new(),
+    }
+}
+
+/// Sends single heartbeats, each creating a new key, to member `leader` one after another
+/// until `stop` turns true; every attempt with its answer.
+async fn write_steadily(
+    cluster: &Cluster,
+    leader: u64,
+    mut stop: watch::Receiver<bool>,
+) -> Vec<QuietWrite> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("a client");
+    let url = format!("{}/v1/heartbeats", cluster.base(leader));
+    let mut writes = Vec::new();
+    for n in 0.. {
+        if *stop.borrow() {
+            break;
+        }
+        let key = format!("quiet-{n:05}");
+        let sent = Instant::now();
+        let body = serde_json::json!({ "key": key, "ttl_s": 600 });
+        let (status, code) = match http.post(&url).json(&body).send().await {
+            Ok(answer) => {
+                let status = answer.status();
+                let body: serde_json::Value = answer.json().await.unwrap_or_default();
+                let code = body["error"]["code"].as_str().map(str::to_owned);
+                (Some(status), code)
+            }
+            Err(_) => (None, None),
+        };
+        writes.push(QuietWrite {
+            key,
+            sent,
+            status,
+            code,
+        });
+        tokio::select! {
+            () = tokio::time::sleep(QUIET_WRITE_EVERY) => {}
+            _ = stop.changed() => {}
+        }
+    }
+    writes
+}
+
+/// `views` as runs of equal values: each value and how many times in a row.
+fn runs<T: PartialEq + Copy>(views: &[T]) -> Vec<(T, usize)> {
+    let mut runs: Vec<(T, usize)> = Vec::new();
+    for &view in views {
+        match runs.last_mut() {
+            Some((last, count)) if *last == view => *count += 1,
+            _ => runs.push((view, 1)),
+        }
+    }
+    runs
+}
+
+/// `(leader_id, term)` from member `id`'s `GET /v1/cluster` every 100 ms for `lasting`
+/// (`None`: no answer, or no leader).
+async fn leader_views(cluster: &Cluster, id: u64, lasting: Duration) -> Vec<Option<(u64, u64)>> {
+    let started = Instant::now();
+    let mut views = Vec::new();
+    while started.elapsed() < lasting {
+        views.push(leader_view(cluster, id).await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    views
+}
+
+async fn leader_view(cluster: &Cluster, id: u64) -> Option<(u64, u64)> {
+    let status = cluster.status(id).await?;
+    Some((status["leader_id"].as_u64()?, status["term"].as_u64()?))
+}
+
+/// Member `id`'s `may_campaign` in `GET /v1/cluster`.
+async fn may_campaign(cluster: &Cluster, id: u64) -> Option<bool> {
+    cluster.status(id).await?["may_campaign"].as_bool()
+}
+
+/// Waits (at most [`WAIT`]) until member `id` lists every key of `written` alive; then its
+/// `(leader_id, term)` and the keys it still lacks.
+async fn rejoined(
+    cluster: &Cluster,
+    id: u64,
+    written: &[String],
+) -> (Option<(u64, u64)>, Vec<String>) {
+    let started = Instant::now();
+    loop {
+        let listed: BTreeSet<String> = (cluster.stale_keys(id).await)
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        let missing: Vec<String> = (written.iter())
+            .filter(|key| !listed.contains(*key))
+            .cloned()
+            .collect();
+        if missing.is_empty() || started.elapsed() >= WAIT {
+            return (leader_view(cluster, id).await, missing);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -663,9 +663,19 @@ fn mass_eviction(c: &mut Criterion) {
     };
     let mut group = c.benchmark_group("evict/1M");
     group.sample_size(10);
+    let listing_only = RegistryConfig {
+        expired_max: 0,
+        ..service.clone()
+    };
+    let expired_only = RegistryConfig {
+        listing: false,
+        ..service.clone()
+    };
     for (name, config) in [
         ("one-tick-engine", bare.clone()),
         ("one-tick", service.clone()),
+        ("one-tick-listing-only", listing_only),
+        ("one-tick-expired-only", expired_only),
     ] {
         group.bench_function(format!("{name}/on-time"), |b| {
             b.iter_batched(

@@ -155,6 +155,25 @@ impl SortedSlots {
         }
     }
 
+    /// Takes out every id in `gone`, in one pass over the blocks: reads no key, so a sweep
+    /// step that removes a good part of the list pays ~1 ns an id listed instead of a search
+    /// (~10 keys read at random) for each id removed. Thin blocks merge as in
+    /// [`SortedSlots::remove`].
+    pub fn remove_all(&mut self, gone: &SlotSet) {
+        let mut kept: Vec<Vec<SlotId>> = Vec::with_capacity(self.blocks.len());
+        for mut block in std::mem::take(&mut self.blocks) {
+            block.retain(|&slot| !gone.contains(slot));
+            match kept.last_mut() {
+                _ if block.is_empty() => {}
+                Some(previous) if previous.len() + block.len() <= BLOCK_MAX / 2 => {
+                    previous.extend(block);
+                }
+                _ => kept.push(block),
+            }
+        }
+        self.blocks = kept;
+    }
+
     /// Every id from the first whose key is at least `text` (`inclusive`) or above it, in order.
     fn from<'a, 'k>(
         &'a self,
@@ -228,6 +247,17 @@ impl OrderedIndex {
         }
     }
 
+    /// Takes out every id in `gone`, whose keys have the services `services` (see
+    /// [`SortedSlots::remove_all`]).
+    pub fn remove_all(&mut self, gone: &SlotSet, services: &[ServiceId]) {
+        self.by_key.remove_all(gone);
+        for service in services {
+            if let Some(list) = self.by_service.get_mut(service.index()) {
+                list.remove_all(gone);
+            }
+        }
+    }
+
     /// Checks that the index holds exactly `alive` (every alive slot and its service), each
     /// list in key order; panics naming the difference. O(n log n): for tests.
     pub fn check_invariants<'k>(
@@ -295,6 +325,41 @@ pub struct ExpiredRecord {
     pub last_heartbeat_unix_ms: u64,
     /// Unix ms.
     pub expired_unix_ms: u64,
+}
+
+/// A set of slot ids as a bitmap (a bit per id up to the largest inserted): what a sweep step
+/// takes out of the listing in one pass. Cleared, it keeps its memory for the next step.
+#[derive(Debug, Default)]
+pub(super) struct SlotSet {
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl SlotSet {
+    pub fn insert(&mut self, slot: SlotId) {
+        let (word, bit) = (slot as usize / 64, slot % 64);
+        if word >= self.words.len() {
+            self.words.resize(word + 1, 0);
+        }
+        self.len += usize::from(self.words[word] & (1 << bit) == 0);
+        self.words[word] |= 1 << bit;
+    }
+
+    pub fn contains(&self, slot: SlotId) -> bool {
+        let (word, bit) = (slot as usize / 64, slot % 64);
+        self.words
+            .get(word)
+            .is_some_and(|word| word & (1 << bit) != 0)
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn clear(&mut self) {
+        self.words.iter_mut().for_each(|word| *word = 0);
+        self.len = 0;
+    }
 }
 
 /// Recently expired keys, kept for a retention time and up to a count.
@@ -508,6 +573,45 @@ mod tests {
                 list.check_invariants(key_of);
             }
             proptest::prop_assert!(list.blocks.is_empty());
+        }
+
+        /// Removing sets of ids in one pass, between single insertions and removals: the same
+        /// order and compact blocks as removing them one by one.
+        #[test]
+        fn removing_a_set_in_one_pass_equals_removing_each(
+            inserts in Just((0..1200u32).collect::<Vec<_>>()).prop_shuffle(),
+            batches in proptest::collection::vec(
+                proptest::collection::btree_set(0..1200u32, 0..400), 1..6),
+        ) {
+            let names: Vec<Key> = (0..1200u32).map(|n| Key::new(&format!("k{n:05}")).unwrap()).collect();
+            let key_of = |slot: SlotId| &names[slot as usize];
+            let (mut batched, mut single) = (SortedSlots::default(), SortedSlots::default());
+            for &slot in &inserts {
+                batched.insert(slot, key_of);
+                single.insert(slot, key_of);
+            }
+            let mut listed: std::collections::BTreeSet<SlotId> = inserts.iter().copied().collect();
+            let mut gone = SlotSet::default();
+            for batch in batches {
+                gone.clear();
+                let present: Vec<SlotId> = batch.iter().copied().filter(|slot| listed.contains(slot)).collect();
+                for slot in present {
+                    gone.insert(slot);
+                    single.remove(slot, key_of);
+                    listed.remove(&slot);
+                }
+                batched.remove_all(&gone);
+                batched.check_invariants(key_of);
+                proptest::prop_assert_eq!(batched.iter().collect::<Vec<_>>(), single.iter().collect::<Vec<_>>());
+                // The list stays usable: insertions land in order.
+                if let Some(&back) = batch.iter().next() {
+                    batched.insert(back, key_of);
+                    single.insert(back, key_of);
+                    listed.insert(back);
+                }
+            }
+            batched.check_invariants(key_of);
+            proptest::prop_assert_eq!(batched.iter().collect::<Vec<_>>(), listed.into_iter().collect::<Vec<_>>());
         }
     }
 

@@ -64,6 +64,22 @@ pub(super) fn assert_acknowledged(body: &Value, n: usize) {
     );
 }
 
+/// Waits until `leader` has made member 4 a voter and finished the change (`voter` holds in
+/// the joint phase already), then checks members 1-4 are the voters; the status then.
+async fn four_voters(cluster: &Cluster, leader: u64) -> Value {
+    let status = cluster
+        .wait_for_status(leader, "made member 4 a voter", |status| {
+            members(status).contains(&(4, true)) && status["membership"]["changing"] == false
+        })
+        .await;
+    assert_eq!(
+        members(&status),
+        vec![(1, true), (2, true), (3, true), (4, true)],
+        "{status}"
+    );
+    status
+}
+
 /// `n` keys named `{prefix}-0000`, `{prefix}-0001`...
 pub(super) fn keys(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}-{i:04}")).collect()
@@ -108,17 +124,7 @@ async fn a_member_joins_catches_up_becomes_a_voter_and_a_voter_is_removed() {
         held.len()
     );
     all.extend(during);
-    let status = cluster
-        .wait_for_status(leader, "made member 4 a voter", |status| {
-            // `voter` holds in the joint phase already: wait for the change to be finished.
-            members(status).contains(&(4, true)) && status["membership"]["changing"] == false
-        })
-        .await;
-    assert_eq!(
-        members(&status),
-        vec![(1, true), (2, true), (3, true), (4, true)],
-        "{status}"
-    );
+    let status = four_voters(&cluster, leader).await;
     let api = status["members"]
         .as_array()
         .unwrap()
@@ -393,16 +399,7 @@ async fn a_member_joins_a_big_cluster_through_a_snapshot_and_a_voter_is_removed(
 
     let follower = cluster.running_other_than(&[leader]);
     cluster.join("big", 4, follower, &[]);
-    let status = cluster
-        .wait_for_status(leader, "made member 4 a voter", |status| {
-            members(status).contains(&(4, true)) && status["membership"]["changing"] == false
-        })
-        .await;
-    assert_eq!(
-        members(&status),
-        vec![(1, true), (2, true), (3, true), (4, true)],
-        "{status}"
-    );
+    four_voters(&cluster, leader).await;
     // openraft (pinned, `=0.9.25`) logs each snapshot a follower installs.
     let installed = (cluster.log_of(4).iter()).any(|line| line.contains("install_full_snapshot"));
     assert!(

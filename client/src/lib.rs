@@ -45,7 +45,7 @@ pub use keep_alive::{KeepAlive, KeepAliveHandle, Liveness, Loss, Status};
 pub use model::{
     AliveState, ClusterStatus, Event, EventsQuery, ExpireAt, ExpireCondition, ExpireOutcome,
     ExpiredKey, GuardStatus, Heartbeat, HeartbeatOutcome, KeyInfo, KeyTtl, ListQuery, Member,
-    NodeId, Page, Services,
+    MembershipView, NodeId, Page, Services,
 };
 pub use transport::{RetryPolicy, LEADER_HEADER};
 

@@ -331,8 +331,31 @@ pub struct ClusterStatus {
     pub committed_index: u64,
     /// The last applied log index.
     pub applied_index: u64,
+    /// Whether the answering member may call an election now (its campaign gate: enough
+    /// voters answer that they would vote for it); `None` from a server without the gate.
+    #[serde(default)]
+    pub may_campaign: Option<bool>,
     /// Every member.
     pub members: Vec<Member>,
+    /// The voter sets in force and whether a membership change is unfinished; `None` from a
+    /// server that does not report it.
+    #[serde(default)]
+    pub membership: Option<MembershipView>,
+}
+
+/// `GET /v1/cluster`'s `membership`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+pub struct MembershipView {
+    /// One voter set when the configuration is uniform; the old then the new set while a
+    /// change of voters is in its joint phase (a quorum needs a majority of each).
+    pub voters: Vec<Vec<NodeId>>,
+    /// The log index of the entry that set this membership.
+    pub log_index: u64,
+    /// Whether the answering member knows that entry committed.
+    pub committed: bool,
+    /// Whether a change is unfinished (uncommitted, or joint): the leader finishes it, and
+    /// retrying the same call does too.
+    pub changing: bool,
 }
 
 /// One event of `GET /v1/events`.

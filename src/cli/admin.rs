@@ -203,6 +203,29 @@ fn describe_cluster(status: &ClusterStatus) -> String {
         status.committed_index,
         status.applied_index,
     );
+    if let Some(membership) = &status.membership {
+        let sets: Vec<String> = (membership.voters.iter())
+            .map(|set| {
+                let ids: Vec<String> = set.iter().map(ToString::to_string).collect();
+                format!("{{{}}}", ids.join(","))
+            })
+            .collect();
+        let state = match (membership.changing, membership.voters.len() > 1) {
+            (false, _) => "",
+            (true, true) => " (changing: joint phase, a quorum of each set)",
+            (true, false) => " (changing: not committed yet)",
+        };
+        text.insert_str(
+            text.len() - 1,
+            &format!("voters {}{state}\n", sets.join(" -> ")),
+        );
+    }
+    if status.may_campaign == Some(false) && status.leader_id.as_ref() != Some(&status.node_id) {
+        text.insert_str(
+            text.len() - 1,
+            "may not campaign: too few voters answer that they would vote for it\n",
+        );
+    }
     let rows: Vec<Vec<String>> = status
         .members
         .iter()
@@ -296,6 +319,29 @@ mod tests {
             "{text}"
         );
         assert!(lines[3].starts_with("3   learner"), "{text}");
+        assert!(!text.contains("voters"), "no membership reported: {text}");
+    }
+
+    /// A membership change in its joint phase, on a follower that may not campaign: both
+    /// voter sets and both states are shown before the members.
+    #[test]
+    fn a_joint_membership_and_a_closed_campaign_gate_are_shown() {
+        let status: ClusterStatus = serde_json::from_value(json!({
+            "node_id": 2, "role": "follower", "leader_id": null, "leader_api": null,
+            "term": 4, "committed_index": 130, "applied_index": 130, "may_campaign": false,
+            "members": [],
+            "membership": {"voters": [[1, 2, 3], [1, 2, 3, 4]], "log_index": 129,
+                           "committed": true, "changing": true}
+        }))
+        .expect("the documented shape");
+        let text = describe_cluster(&status);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[1], "voters {1,2,3} -> {1,2,3,4} (changing: joint phase, a quorum of each set)",
+            "{text}"
+        );
+        assert!(lines[2].starts_with("may not campaign"), "{text}");
+        assert_eq!(lines[3], "", "{text}");
     }
 
     #[test]

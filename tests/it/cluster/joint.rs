@@ -40,6 +40,19 @@ fn settled_on(status: &Value, voters: &[u64]) -> bool {
         && status["membership"]["changing"] == false
 }
 
+/// Waits until member `id` holds `voters` as its settled, uniform membership ("`what`"), and
+/// checks they are its only members, each a voter.
+async fn settled(cluster: &Cluster, id: u64, what: &str, voters: &[u64]) {
+    let status = cluster
+        .wait_for_status(id, what, |status| settled_on(status, voters))
+        .await;
+    assert_eq!(
+        members(&status),
+        voters.iter().map(|&id| (id, true)).collect::<Vec<_>>(),
+        "{status}"
+    );
+}
+
 /// The answer to a membership call through member `via`; fails the test if none came (the
 /// harness's client gives up after 15 s: the member hung).
 async fn membership_call(
@@ -230,16 +243,7 @@ async fn a_promotion_cut_off_in_its_joint_phase_by_a_failover_is_finished_and_lo
     register_served(&cluster, stopped, &last).await;
     acknowledged.extend(last);
     for id in cluster.running() {
-        let status = cluster
-            .wait_for_status(id, "learnt the removal", |status| {
-                settled_on(status, &remaining)
-            })
-            .await;
-        assert_eq!(
-            members(&status),
-            remaining.iter().map(|&id| (id, true)).collect::<Vec<_>>(),
-            "{status}"
-        );
+        settled(&cluster, id, "learnt the removal", &remaining).await;
         cluster.wait_for_keys(id, &acknowledged).await;
     }
 }
@@ -278,16 +282,8 @@ async fn a_removal_whose_call_gave_up_in_its_joint_phase_is_finished_when_the_qu
     assert_retry_later(code, &body);
 
     cluster.resume(stopped);
-    let status = cluster
-        .wait_for_status(leader, "finished the removal", |status| {
-            settled_on(status, &remaining)
-        })
-        .await;
-    assert_eq!(
-        members(&status),
-        remaining.iter().map(|&id| (id, true)).collect::<Vec<_>>(),
-        "the removed member left the membership: {status}"
-    );
+    // The removed member left the membership.
+    settled(&cluster, leader, "finished the removal", &remaining).await;
     // A retry once done: the member is gone.
     let (code, body) = served_call(&cluster, leader, Method::DELETE, &remove).await;
     assert_eq!(

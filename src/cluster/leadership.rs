@@ -29,7 +29,9 @@ use super::metrics::ClusterStats;
 use super::network::Contacts;
 use super::node::PROPOSE_TIMEOUT;
 use super::signals::LeaseSignals;
-use super::types::{Command, NodeId, TypeConfig};
+use super::types::{
+    checkpoint_item_len, entry_sized, expiry_len, report_len, Command, NodeId, TypeConfig,
+};
 use crate::notify::replicated::Replication;
 use crate::registry::Registry;
 
@@ -200,7 +202,7 @@ async fn carry_out(parts: &Parts, action: Action) {
             // Off the lease task: a slow commit must not delay the fence's updates.
             let (raft, stats) = (parts.raft.clone(), Arc::clone(&parts.stats));
             tokio::spawn(async move {
-                for chunk in items.chunks(MAX_ITEMS) {
+                for chunk in entry_sized(&items, MAX_ITEMS, checkpoint_item_len) {
                     let command = Command::Checkpoint(chunk.to_vec());
                     let proposed = Instant::now();
                     let written =
@@ -235,7 +237,8 @@ fn propose_webhook_reports(parts: &Parts) {
     tokio::spawn(async move {
         let mut left = reports;
         while !left.is_empty() {
-            let rest = left.split_off(left.len().min(MAX_REPORTS));
+            let fit = entry_sized(&left, MAX_REPORTS, report_len).next();
+            let rest = left.split_off(fit.map_or(0, <[_]>::len));
             let command = Command::Webhooks(left.clone());
             let written = tokio::time::timeout(PROPOSE_TIMEOUT, raft.client_write(command)).await;
             if !matches!(written, Ok(Ok(_))) {
@@ -283,10 +286,13 @@ async fn sweep_due(registry: &Registry) {
 /// Returns false when a proposal failed.
 async fn propose_expiries(parts: &Parts) -> bool {
     loop {
-        let keys = parts.registry.expiring_batch(MAX_ITEMS);
+        let mut keys = parts.registry.expiring_batch(MAX_ITEMS);
         if keys.is_empty() || !parts.signals.may_serve(Instant::now()) {
             return true;
         }
+        // Those that fit one entry; the rest stay listed for the next.
+        let fit = entry_sized(&keys, MAX_ITEMS, expiry_len).next();
+        keys.truncate(fit.map_or(0, <[_]>::len));
         let n = keys.len();
         let written = tokio::time::timeout(
             PROPOSE_TIMEOUT,

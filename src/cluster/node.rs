@@ -33,7 +33,7 @@ use tokio::time::Instant;
 
 use super::auth::PeerAuth;
 use super::campaign::{self, CampaignGate, CampaignTiming};
-use super::group_commit::GroupCommit;
+use super::group_commit::{GroupCommit, Written};
 use super::leadership::{self, Parts};
 use super::lease::{LeaseConfig, LeaseRules};
 use super::log_store::LogStore;
@@ -598,7 +598,7 @@ impl Cluster {
 
     /// Appends a request's `records` to the log, in one entry with the other requests' that
     /// wait meanwhile ([`GroupCommit`]), and waits until it is applied here.
-    pub async fn propose_writes(&self, records: Vec<Record>) -> Result<Applied, ProposeError> {
+    pub async fn propose_writes(&self, records: Vec<Record>) -> Result<Written, ProposeError> {
         // The wait for a place in an entry counts too: never more than two proposals' time.
         let written = tokio::time::timeout(2 * PROPOSE_TIMEOUT, self.writes.write(records)).await;
         written.unwrap_or(Err(ProposeError::NoQuorum(2 * PROPOSE_TIMEOUT)))

@@ -117,7 +117,11 @@ impl StateMachine {
         self.last_applied = Some(entry.log_id);
         let term = entry.log_id.leader_id.term;
         self.signals.term_applied(term);
-        let n_records = match entry.payload {
+        let mut applied = Applied {
+            log_index,
+            ..Applied::default()
+        };
+        applied.n_records = match entry.payload {
             EntryPayload::Blank => {
                 self.signals.blank_applied(term);
                 0
@@ -125,7 +129,9 @@ impl StateMachine {
             EntryPayload::Normal(Command::Writes(records)) => {
                 let n_records = records.len();
                 for (position, record) in records.into_iter().enumerate() {
-                    self.registry.apply_logged(record, log_index, position, now);
+                    if (self.registry).apply_logged(record, log_index, position, now) {
+                        applied.mark_created(position);
+                    }
                 }
                 n_records
             }
@@ -162,10 +168,7 @@ impl StateMachine {
                 0
             }
         };
-        Applied {
-            log_index,
-            n_records,
-        }
+        applied
     }
 }
 
@@ -403,7 +406,9 @@ mod tests {
             applied[1],
             Applied {
                 log_index: 2,
-                n_records: 8
+                n_records: 8,
+                // The six upserts created their keys; the delete and the expiry did not.
+                created: vec![0b11_1111],
             }
         );
         let keys = ["wheel", "heap", "forever", "at", "gone", "dead"];

@@ -119,11 +119,9 @@ impl Command {
     /// etcd, and 1M keys".)
     pub fn approx_len(&self) -> usize {
         match self {
-            Self::Writes(records) | Self::Import(records) => {
-                records.iter().map(|record| 4 + record.approx_len()).sum()
-            }
-            Self::Expiries(keys) => keys.iter().map(|(key, _)| 6 + key.as_str().len()).sum(),
-            Self::Checkpoint(items) => items.iter().map(|item| 14 + item.key.as_str().len()).sum(),
+            Self::Writes(records) | Self::Import(records) => records.iter().map(record_len).sum(),
+            Self::Expiries(keys) => keys.iter().map(expiry_len).sum(),
+            Self::Checkpoint(items) => items.iter().map(checkpoint_item_len).sum(),
             Self::Webhooks(reports) => reports.iter().map(report_len).sum(),
         }
     }
@@ -203,8 +201,23 @@ fn put_records(out: &mut Vec<u8>, tag: u8, records: &[Record]) {
     }
 }
 
+/// A record's share of a `Writes` or `Import` encoding: its length and its bytes.
+pub fn record_len(record: &Record) -> usize {
+    4 + record.approx_len()
+}
+
+/// An expiry item's encoded length: generation, key length, key.
+pub fn expiry_len((key, _): &(Key, u32)) -> usize {
+    6 + key.as_str().len()
+}
+
+/// A checkpoint item's encoded length: generation, time left, key length, key.
+pub fn checkpoint_item_len(item: &CheckpointItem) -> usize {
+    14 + item.key.as_str().len()
+}
+
 /// About a report's encoded length.
-fn report_len(report: &Settled) -> usize {
+pub fn report_len(report: &Settled) -> usize {
     let dead = match &report.how {
         Settlement::DeadLettered { last_error, .. } => 4 + 8 + 2 + last_error.len(),
         _ => 0,
@@ -389,6 +402,41 @@ impl<'de> Deserialize<'de> for Command {
     }
 }
 
+/// The most bytes of records (`Command::approx_len`, the binary encoding) one entry is given
+/// by its proposer: as base64 in JSON it takes 4/3 of that, and it must fit in one
+/// AppendEntries payload (`network::MAX_APPEND_BYTES`, 256 KiB) with room to spare. openraft
+/// 0.9 sends an entry whole, and a payload the link cannot carry within the heartbeat
+/// interval is sent again, forever: entries are kept small enough for that never to happen
+/// on a link that carries a few MB/s.
+pub const MAX_ENTRY_BYTES: usize = 160 * 1024;
+
+/// Splits `items` into runs of at most `max_items` items and [`MAX_ENTRY_BYTES`] bytes by
+/// `len` (each run at least one item): the items of one entry each.
+pub fn entry_sized<T>(
+    items: &[T],
+    max_items: usize,
+    len: impl Fn(&T) -> usize,
+) -> impl Iterator<Item = &[T]> {
+    let mut rest = items;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut bytes = 0;
+        let mut n = 0;
+        while n < rest.len().min(max_items.max(1)) {
+            bytes += len(&rest[n]);
+            if n > 0 && bytes > MAX_ENTRY_BYTES {
+                break;
+            }
+            n += 1;
+        }
+        let (run, after) = rest.split_at(n);
+        rest = after;
+        Some(run)
+    })
+}
+
 /// What applying one entry answers the proposer.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Applied {
@@ -397,6 +445,25 @@ pub struct Applied {
     /// Records the entry carried and the state machine applied (0 for blank and membership
     /// entries).
     pub n_records: usize,
+    /// Of a `Writes` entry: which records created their key when applied, one bit per
+    /// position. Only the apply can tell: a heartbeat decided against a key whose expiry was
+    /// in flight creates it again if the expiry was committed first, and renews it otherwise.
+    pub created: Vec<u64>,
+}
+
+impl Applied {
+    /// Whether the record at `position` of the entry created its key.
+    pub fn created_at(&self, position: usize) -> bool {
+        (self.created.get(position / 64)).is_some_and(|word| word & (1 << (position % 64)) != 0)
+    }
+
+    /// Notes that the record at `position` created its key.
+    pub fn mark_created(&mut self, position: usize) {
+        if self.created.len() <= position / 64 {
+            self.created.resize(position / 64 + 1, 0);
+        }
+        self.created[position / 64] |= 1 << (position % 64);
+    }
 }
 
 /// A snapshot on disk, never in memory: openraft hands this handle around, and the network

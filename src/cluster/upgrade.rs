@@ -26,7 +26,7 @@ use tokio::time::Instant;
 
 use super::leadership::MAX_ITEMS;
 use super::node::Cluster;
-use super::types::Command;
+use super::types::{entry_sized, record_len, Command};
 use crate::persist::record::Record;
 use crate::persist::store::DataDir;
 use crate::registry::{Registry, RegistryConfig};
@@ -148,7 +148,8 @@ pub async fn run(import: Import, cluster: Arc<Cluster>) {
             tokio::time::sleep(WAIT_TO_LEAD).await;
             continue;
         }
-        let end = (done + MAX_ITEMS).min(import.records.len());
+        let fit = entry_sized(&import.records[done..], MAX_ITEMS, record_len).next();
+        let end = done + fit.map_or(0, <[_]>::len);
         let chunk = import.records[done..end].to_vec();
         match cluster.propose(Command::Import(chunk)).await {
             Ok(_) => done = end,

@@ -66,9 +66,9 @@ pub async fn heartbeats_post(
     let now = Instant::now();
     let outcome = match apply(&state, &caller, body, now)? {
         Step::Done(outcome) => outcome,
-        Step::Log(heartbeat, record, created) => {
-            replicate::propose(&state, vec![*record]).await?;
-            state.registry.outcome_after_log(heartbeat, created, now)
+        Step::Log(heartbeat, record) => {
+            let written = replicate::propose(&state, vec![*record]).await?;
+            (state.registry).outcome_after_log(heartbeat, written.created(0), now)
         }
     };
     replicate::fence(&state)?;
@@ -203,23 +203,30 @@ async fn through_the_log(
     let records: Vec<_> = steps
         .iter()
         .filter_map(|step| match step {
-            Ok(Step::Log(_, record, _)) => Some(Record::clone(record)),
+            Ok(Step::Log(_, record)) => Some(Record::clone(record)),
             _ => None,
         })
         .collect();
     let proposed = match records.is_empty() {
-        true => Ok(()),
-        false => replicate::propose(state, records).await,
+        true => Ok(None),
+        false => replicate::propose(state, records).await.map(Some),
     };
     let now = Instant::now();
+    let mut logged = 0..;
     steps
         .into_iter()
         .map(|step| match step? {
             Step::Done(outcome) => Ok(outcome),
-            Step::Log(heartbeat, _, created) => match &proposed {
-                Ok(()) => Ok(state.registry.outcome_after_log(heartbeat, created, now)),
-                Err(error) => Err(error.clone()),
-            },
+            Step::Log(heartbeat, _) => {
+                let i = logged.next().expect("unbounded");
+                match &proposed {
+                    Ok(written) => {
+                        let created = written.as_ref().is_some_and(|w| w.created(i));
+                        Ok(state.registry.outcome_after_log(heartbeat, created, now))
+                    }
+                    Err(error) => Err(error.clone()),
+                }
+            }
         })
         .collect()
 }
@@ -243,8 +250,9 @@ async fn in_chunks<T, R>(items: &[T], mut apply: impl FnMut(&T, Instant) -> R) -
 enum Step {
     /// Applied: what happened (the outcome carries the key).
     Done(HeartbeatOutcome),
-    /// A cluster member's change: the record to propose, and whether it creates the key.
-    Log(Heartbeat, Box<Record>, bool),
+    /// A cluster member's change: the record to propose. Whether it creates the key is
+    /// known only once applied (`Written::created`).
+    Log(Heartbeat, Box<Record>),
 }
 
 /// Validates one heartbeat, checks the caller may send it (a batch item outside the token's
@@ -283,8 +291,8 @@ fn apply(
     match state.registry.heartbeat(heartbeat.clone(), now) {
         Ok(outcome) => Ok(Step::Done(outcome)),
         Err(RegistryError::NeedsLog) => {
-            let (record, created) = state.registry.upsert_for(&heartbeat, now);
-            Ok(Step::Log(heartbeat, Box::new(record), created))
+            let record = state.registry.upsert_for(&heartbeat, now);
+            Ok(Step::Log(heartbeat, Box::new(record)))
         }
         Err(error) => Err(error.into()),
     }

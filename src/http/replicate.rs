@@ -15,6 +15,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::{ApiError, AppState};
 use crate::cluster::forward;
+use crate::cluster::group_commit::Written;
 use crate::cluster::node::ProposeError;
 use crate::persist::record::Record;
 
@@ -133,14 +134,15 @@ pub fn fence(state: &AppState) -> Result<(), ApiError> {
     }
 }
 
-/// Proposes `records` as one entry and waits until it is applied here.
-pub async fn propose(state: &AppState, records: Vec<Record>) -> Result<(), ApiError> {
+/// Proposes `records` as one entry and waits until it is applied here; where they went in
+/// it, and what applying them did.
+pub async fn propose(state: &AppState, records: Vec<Record>) -> Result<Written, ApiError> {
     let cluster = state
         .cluster
         .as_ref()
         .ok_or_else(|| ApiError::Internal("a proposal on a single node".into()))?;
     match cluster.propose_writes(records).await {
-        Ok(_) => Ok(()),
+        Ok(written) => Ok(written),
         Err(ProposeError::NotLeader { .. }) => Err(ApiError::NoLeader(
             "this member stopped leading before the change was committed; retry".into(),
         )),

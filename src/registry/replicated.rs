@@ -198,11 +198,11 @@ impl Registry {
 
     /// The record a heartbeat that changes more than the deadline proposes: the key's whole
     /// state as it will be (the stored service, metadata and registration time where the
-    /// heartbeat names none), and whether it creates the key.
-    pub fn upsert_for(&self, heartbeat: &Heartbeat, now: Instant) -> (Record, bool) {
+    /// heartbeat names none). Whether it creates the key only its apply tells
+    /// (`apply_logged`): an expiry in flight may be committed before it.
+    pub fn upsert_for(&self, heartbeat: &Heartbeat, now: Instant) -> Record {
         let existing = self.get(&heartbeat.key, now);
         let now_unix_ms = self.clock.unix_ms(self.clock.at(now).ms);
-        let created = existing.is_none();
         let (service, meta, registered_unix_ms) = match existing {
             Some(view) => (
                 heartbeat.service.clone().or(view.service),
@@ -225,7 +225,7 @@ impl Registry {
             registered_unix_ms,
             last_heartbeat_unix_ms: now_unix_ms,
         };
-        (Record::Upsert(state), created)
+        Record::Upsert(state)
     }
 
     /// The record a delete proposes, if the key is there to delete.
@@ -340,9 +340,8 @@ mod tests {
 
     /// Creates `name` as the entry at `index` would.
     fn create(registry: &Registry, name: &str, ttl_s: u64, index: u64, now: Instant) {
-        let (record, created) = registry.upsert_for(&heartbeat(name, ttl_s), now);
-        assert!(created);
-        assert!(registry.apply_logged(record, index, 0, now));
+        let record = registry.upsert_for(&heartbeat(name, ttl_s), now);
+        assert!(registry.apply_logged(record, index, 0, now), "created");
         registry.check_invariants();
     }
 
@@ -392,6 +391,36 @@ mod tests {
         assert!(registry.expiring_batch(10).is_empty());
     }
 
+    /// A heartbeat decided while the key's expiry is in flight is proposed as a renewal of
+    /// the key the leader sees; if the expiry is committed first, applying the heartbeat
+    /// creates the key again, and says so (the answer's `created`), with its registration
+    /// time the heartbeat's, not the expired key's.
+    #[tokio::test(start_paused = true)]
+    async fn a_heartbeat_committed_after_the_keys_expiry_creates_it_again_and_says_so() {
+        let epoch = Instant::now();
+        let registry = member(epoch);
+        create(&registry, "a", 1, 7, epoch);
+        let later = epoch + Duration::from_millis(1_500);
+        registry.sweep(later, 1 << 20);
+        assert_eq!(registry.expiring_batch(10), [(key("a"), 7)]);
+        let record = registry.upsert_for(&heartbeat("a", 5), later);
+        let mut receiver = registry.subscribe();
+        assert_eq!(registry.apply_expiries(&[(key("a"), 7)], 8, later), 1);
+        assert!(registry.apply_logged(record, 9, 0, later), "created again");
+        registry.check_invariants();
+        assert_eq!(
+            events(&mut receiver),
+            [
+                (EventKind::Expired, "a".into()),
+                (EventKind::Registered, "a".into())
+            ]
+        );
+        let view = registry.get(&key("a"), later).expect("alive");
+        let unix_later = registry.clock.unix_ms(registry.clock.at(later).ms);
+        assert_eq!(view.registered_at_ms, unix_later);
+        assert_eq!(registry.state(&key("a"), later), State::ExpiresIn(5_000));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn an_expiry_for_an_older_generation_applies_as_nothing() {
         let epoch = Instant::now();
@@ -400,9 +429,11 @@ mod tests {
         let later = epoch + Duration::from_millis(1_500);
         registry.sweep(later, 1 << 20);
         // A heartbeat through the log (entry 9) lands before the expiry decided at 7.
-        let (record, created) = registry.upsert_for(&heartbeat("a", 1), later);
-        assert!(!created);
-        registry.apply_logged(record, 9, 0, later);
+        let record = registry.upsert_for(&heartbeat("a", 1), later);
+        assert!(
+            !registry.apply_logged(record, 9, 0, later),
+            "renewed, not created"
+        );
         registry.check_invariants();
         assert!(
             registry.expiring_batch(10).is_empty(),

@@ -94,7 +94,7 @@ impl Shard {
     /// deadline if the heap holds it (the sweeper may have to wake earlier for it).
     pub(in crate::registry) fn apply_upsert(
         &mut self,
-        state: DurableKey,
+        mut state: DurableKey,
         hash: KeyHash,
         service: ServiceId,
         generation: u32,
@@ -102,6 +102,11 @@ impl Shard {
         now: Now,
     ) -> (bool, Option<u64>) {
         let created = self.find((&state.key, hash)).is_none();
+        // The record was decided against the key as the leader saw it; if an expiry committed
+        // meanwhile took it, this write registers it anew, at the write's heartbeat.
+        if created {
+            state.registered_unix_ms = (state.registered_unix_ms).max(state.last_heartbeat_unix_ms);
+        }
         let key = state.key.clone();
         self.restore_state(state, hash, service, ctx, now);
         let slot = self.find((&key, hash)).expect("just stored");

@@ -4,7 +4,8 @@
 //!
 //! - **Clients**: a [`Driver`] runs a few client tasks, each owning some keys and sending, one
 //!   request at a time, the keys due within [`DriverConfig::batch_window`] (a key is sent at
-//!   most that early, never late): one key on `POST /v1/heartbeats`, more in one
+//!   most that early; renewals go before keys not registered yet, so that registering many
+//!   keys never delays the renewal of those registered): one key on `POST /v1/heartbeats`, more in one
 //!   `POST /v1/heartbeats/batch` (at most [`DriverConfig::max_batch`] items), as the client
 //!   crate's batcher does. Client `i` starts on member `i mod n`, so followers forward from
 //!   the start.
@@ -305,9 +306,15 @@ impl Client {
                 return;
             }
             let horizon = Instant::now() + self.config.batch_window;
-            let due: Vec<usize> = (0..self.keys.len())
+            let mut due: Vec<usize> = (0..self.keys.len())
                 .filter(|&i| self.keys[i].due <= horizon)
                 .collect();
+            // Renewals first, each by its time, then keys not registered yet: a registered
+            // key's TTL is running, a new one's is not. Sending every due key in turn let a
+            // client registering 1,000 keys in batches of 200 (about 3 s in a loaded debug
+            // build) renew the first ones only after their 3 s TTL had run out.
+            due.sort_by_key(|&i| (!self.keys[i].acked, self.keys[i].due));
+            due.truncate(self.config.max_batch.clamp(1, MAX_BATCH));
             if due.is_empty() {
                 let Some(next) = self.keys.iter().map(|key| key.due).min() else {
                     return;
@@ -319,12 +326,8 @@ impl Client {
                 }
                 continue;
             }
-            for chunk in due.chunks(self.config.max_batch.clamp(1, MAX_BATCH)) {
-                if *stop.borrow() {
-                    return;
-                }
-                self.send(chunk).await;
-            }
+            // One request, then the plan again: keys fall due while it is in flight.
+            self.send(&due).await;
         }
     }
 

@@ -536,17 +536,16 @@ impl Rig {
                 until.is_some_and(|&until| event.received_ms < until)
             })
             .map(|event| {
-                let ops: Vec<String> = (seen.ops.iter())
-                    .filter(|op| op.key == event.key)
-                    .map(ToString::to_string)
-                    .collect();
+                let ops: Vec<&Op> = (seen.ops.iter()).filter(|op| op.key == event.key).collect();
                 format!(
                     "false expiration: live key {} reported expired on {} at {} ms, its TTL ran \
-                     until {} ms; its heartbeats: {ops:?}",
+                     until {} ms{}; its heartbeats: {:?}",
                     event.key,
                     event.stream,
                     event.received_ms,
-                    promise[event.key.as_str()]
+                    promise[event.key.as_str()],
+                    client_late(&ops, event.received_ms),
+                    ops.iter().map(ToString::to_string).collect::<Vec<_>>()
                 )
             })
             .collect()
@@ -692,6 +691,35 @@ fn judge_expired_listings(seen: &Observed) -> Vec<String> {
 }
 
 /// How the operations ended, for the summary.
+/// What a false expiration's report adds when the driver, not the cluster, may be at fault:
+/// the longest time from an acknowledged heartbeat of the key to its next attempt, before
+/// `by_ms`, if it exceeded the TTL.
+fn client_late(ops: &[&Op], by_ms: Ms) -> String {
+    let mut last_acked: Option<(Ms, Ms)> = None; // (invoked, ttl)
+    let mut worst: Option<(Ms, Ms)> = None; // (gap, ttl)
+    for op in ops.iter().filter(|op| op.invoked_ms <= by_ms) {
+        let OpKind::Heartbeat { ttl_ms, outcome } = &op.kind else {
+            continue;
+        };
+        if let Some((acked_ms, ttl)) = last_acked {
+            let gap = op.invoked_ms - acked_ms;
+            if gap > ttl && worst.is_none_or(|(longest, _)| gap > longest) {
+                worst = Some((gap, ttl));
+            }
+        }
+        if matches!(outcome, Outcome::Ok(_)) {
+            last_acked = Some((op.invoked_ms, *ttl_ms));
+        }
+    }
+    match worst {
+        Some((gap, ttl)) => format!(
+            " (but its client was late: {gap} ms from an acknowledged heartbeat to the next, \
+             TTL {ttl} ms: the test's driver fell behind)"
+        ),
+        None => String::new(),
+    }
+}
+
 fn tally(ops: &[Op]) -> String {
     let (mut ok, mut failed, mut unknown) = (0, 0, 0);
     for op in ops {

@@ -4,7 +4,7 @@
 //! through the log (`ttl`), the pure history checker the fault scenarios feed, the keep-alive
 //! clients and the writer that record their histories, and the fault scenarios under load:
 //! failover, a rolling restart of every member (`rolling`), a follower cut off and healed
-//! (`partition`).
+//! (`partition`), and a slow peer link under the largest batch (`slow_link`).
 
 pub mod driver;
 pub mod events;
@@ -16,5 +16,6 @@ pub mod membership;
 pub mod partition;
 pub mod rolling;
 pub mod scenarios;
+pub mod slow_link;
 pub mod ttl;
 pub mod upgrade;

@@ -331,6 +331,14 @@ pub struct ClusterStatus {
     pub committed_index: u64,
     /// The last applied log index.
     pub applied_index: u64,
+    /// The last entry the answering member's latest snapshot covers; `None` before its first
+    /// (or from a server that does not report it).
+    #[serde(default)]
+    pub snapshot_index: Option<u64>,
+    /// The last entry the answering member dropped from its log, behind its snapshot; `None`
+    /// while it holds the whole log (or from a server that does not report it).
+    #[serde(default)]
+    pub purged_index: Option<u64>,
     /// Whether the answering member may call an election now (its campaign gate: enough
     /// voters answer that they would vote for it); `None` from a server without the gate.
     #[serde(default)]

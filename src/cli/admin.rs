@@ -203,6 +203,13 @@ fn describe_cluster(status: &ClusterStatus) -> String {
         status.committed_index,
         status.applied_index,
     );
+    if let Some(snapshot) = status.snapshot_index {
+        let purged = match status.purged_index {
+            Some(purged) => format!("log purged through {purged}"),
+            None => "whole log kept".to_owned(),
+        };
+        text.insert_str(text.len() - 2, &format!(", snapshot {snapshot} ({purged})"));
+    }
     if let Some(membership) = &status.membership {
         let sets: Vec<String> = (membership.voters.iter())
             .map(|set| {
@@ -320,6 +327,7 @@ mod tests {
         );
         assert!(lines[3].starts_with("3   learner"), "{text}");
         assert!(!text.contains("voters"), "no membership reported: {text}");
+        assert!(!text.contains("snapshot"), "no snapshot reported: {text}");
     }
 
     /// A membership change in its joint phase, on a follower that may not campaign: both
@@ -329,13 +337,17 @@ mod tests {
         let status: ClusterStatus = serde_json::from_value(json!({
             "node_id": 2, "role": "follower", "leader_id": null, "leader_api": null,
             "term": 4, "committed_index": 130, "applied_index": 130, "may_campaign": false,
-            "members": [],
+            "snapshot_index": 100, "purged_index": 80, "members": [],
             "membership": {"voters": [[1, 2, 3], [1, 2, 3, 4]], "log_index": 129,
                            "committed": true, "changing": true}
         }))
         .expect("the documented shape");
         let text = describe_cluster(&status);
         let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[0].ends_with("applied 130, snapshot 100 (log purged through 80)"),
+            "{text}"
+        );
         assert_eq!(
             lines[1], "voters {1,2,3} -> {1,2,3,4} (changing: joint phase, a quorum of each set)",
             "{text}"

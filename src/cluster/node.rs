@@ -221,6 +221,12 @@ pub struct ClusterStatus {
     pub committed_index: u64,
     /// 0 before anything is applied.
     pub applied_index: u64,
+    /// The last entry this member's latest snapshot covers; `None` before its first.
+    pub snapshot_index: Option<u64>,
+    /// The last entry this member dropped from its log (behind its snapshot); `None` while
+    /// it holds the whole log. A member that lacks entries up to it catches up from a
+    /// snapshot, not the log.
+    pub purged_index: Option<u64>,
     /// Whether this member may call an election now (`campaign.rs`): enough voters answer
     /// that they would vote for it.
     pub may_campaign: bool,
@@ -707,6 +713,8 @@ impl Cluster {
             term: metrics.current_term,
             committed_index: committed.unwrap_or(0),
             applied_index: metrics.last_applied.map_or(0, |log_id| log_id.index),
+            snapshot_index: metrics.snapshot.map(|log_id| log_id.index),
+            purged_index: metrics.purged.map(|log_id| log_id.index),
             may_campaign: self.campaign.may_campaign(),
             members,
             membership: membership::membership_status(&metrics.membership_config, committed),

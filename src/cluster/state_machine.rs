@@ -135,6 +135,17 @@ impl StateMachine {
                 }
                 n_records
             }
+            EntryPayload::Normal(Command::WriteIf { generation, record }) => {
+                match (self.registry).apply_logged_if(*record, generation, log_index, now) {
+                    Some(created) => {
+                        if created {
+                            applied.mark_created(0);
+                        }
+                        1
+                    }
+                    None => 0,
+                }
+            }
             EntryPayload::Normal(Command::Import(records)) => {
                 let n_records = records.len();
                 // The generation, as for a write: the entry's index.

@@ -75,6 +75,15 @@ pub enum Command {
     /// letters) since its last report: the other members drop them from their outboxes, so a
     /// new leader sends only what was not settled (`notify::replicated`).
     Webhooks(Vec<Settled>),
+    /// One record that applies only if its key still has `generation`, the one the leader
+    /// decided on (`Registry::apply_logged_if`): an EXPIRE or PERSIST decided while the key's
+    /// own expiry was in flight, which must not bring the key back if that expiry is
+    /// committed first. Members from before this command cannot read it: upgrade followers
+    /// before the leader.
+    WriteIf {
+        generation: u32,
+        record: Box<Record>,
+    },
 }
 
 /// A command that cannot be read back.
@@ -104,6 +113,8 @@ const CHECKPOINT: u8 = 3;
 const IMPORT: u8 = 4;
 /// The tag of [`Command::Webhooks`].
 const WEBHOOKS: u8 = 5;
+/// The tag of [`Command::WriteIf`].
+const WRITE_IF: u8 = 6;
 
 /// How a [`Settled`] report was settled, as encoded.
 const DELIVERED: u8 = 1;
@@ -123,6 +134,7 @@ impl Command {
             Self::Expiries(keys) => keys.iter().map(expiry_len).sum(),
             Self::Checkpoint(items) => items.iter().map(checkpoint_item_len).sum(),
             Self::Webhooks(reports) => reports.iter().map(report_len).sum(),
+            Self::WriteIf { record, .. } => 4 + record_len(record),
         }
     }
 
@@ -155,6 +167,12 @@ impl Command {
                     put_report(out, report);
                 }
             }
+            Self::WriteIf { generation, record } => {
+                // The generation, then the record as a `Writes` of one.
+                out.push(WRITE_IF);
+                out.extend_from_slice(&generation.to_le_bytes());
+                put_records(out, WRITES, std::slice::from_ref(record));
+            }
         }
     }
 
@@ -179,6 +197,19 @@ impl Command {
                 })
             })?),
             WEBHOOKS => Self::Webhooks(decode_items(&mut rest, 1 + 2 + 2 + 2, take_report)?),
+            WRITE_IF => {
+                let generation = take_u32(&mut rest)?;
+                let inner = rest.split_first().filter(|(&tag, _)| tag == WRITES);
+                let (_, after) = inner.ok_or(CommandError::Truncated)?;
+                rest = after;
+                match <[Record; 1]>::try_from(decode_records(&mut rest)?) {
+                    Ok([record]) => Self::WriteIf {
+                        generation,
+                        record: Box::new(record),
+                    },
+                    Err(_) => return Err(CommandError::Truncated),
+                }
+            }
             other => return Err(CommandError::UnknownTag(other)),
         };
         match rest.len() {
@@ -443,7 +474,7 @@ pub struct Applied {
     /// The entry's log index.
     pub log_index: u64,
     /// Records the entry carried and the state machine applied (0 for blank and membership
-    /// entries).
+    /// entries, and for a `WriteIf` whose key is no longer the one it was decided on).
     pub n_records: usize,
     /// Of a `Writes` entry: which records created their key when applied, one bit per
     /// position. Only the apply can tell: a heartbeat decided against a key whose expiry was
@@ -505,6 +536,10 @@ mod tests {
             }]),
             Command::Expiries(Vec::new()),
             Command::Import((0..3).map(record).collect()),
+            Command::WriteIf {
+                generation: 7,
+                record: Box::new(record(4)),
+            },
             Command::Webhooks(vec![
                 Settled {
                     endpoint: 0,

@@ -360,10 +360,20 @@ pub async fn ttl_delete(
 
 /// A TTL change on a cluster member (the leader: followers forward these routes): its record,
 /// if it changes anything, proposed and applied here before the answer, which is a single
-/// node's (`Registry::expire_for`, `Registry::persist_for`).
+/// node's (`Registry::expire_for`, `Registry::persist_for`). A change decided on a key that
+/// was gone when it applied (its expiry, decided before, was committed first) changed nothing:
+/// 404, as for a missing key.
 async fn through_the_log<T>(state: &super::AppState, logged: Logged<T>) -> Result<T, ApiError> {
-    if let Some(record) = logged.record {
-        super::replicate::propose(state, vec![record]).await?;
+    match (logged.record, logged.guard) {
+        (Some(record), Some(generation)) => {
+            if !super::replicate::propose_if(state, record, generation).await? {
+                return Err(ApiError::KeyNotFound);
+            }
+        }
+        (Some(record), None) => {
+            super::replicate::propose(state, vec![record]).await?;
+        }
+        (None, _) => {}
     }
     Ok(logged.answer)
 }

@@ -17,6 +17,7 @@ use super::{ApiError, AppState};
 use crate::cluster::forward;
 use crate::cluster::group_commit::Written;
 use crate::cluster::node::ProposeError;
+use crate::cluster::types::Command;
 use crate::persist::record::Record;
 
 /// `?consistency=`: how fresh a read must be.
@@ -141,13 +142,36 @@ pub async fn propose(state: &AppState, records: Vec<Record>) -> Result<Written, 
         .cluster
         .as_ref()
         .ok_or_else(|| ApiError::Internal("a proposal on a single node".into()))?;
-    match cluster.propose_writes(records).await {
-        Ok(written) => Ok(written),
-        Err(ProposeError::NotLeader { .. }) => Err(ApiError::NoLeader(
+    cluster.propose_writes(records).await.map_err(refused)
+}
+
+/// Proposes `record`, to apply only if its key still has `generation` (`Command::WriteIf`),
+/// and waits until it is applied here; whether it applied.
+pub async fn propose_if(
+    state: &AppState,
+    record: Record,
+    generation: u32,
+) -> Result<bool, ApiError> {
+    let cluster = state
+        .cluster
+        .as_ref()
+        .ok_or_else(|| ApiError::Internal("a proposal on a single node".into()))?;
+    let command = Command::WriteIf {
+        generation,
+        record: Box::new(record),
+    };
+    let applied = cluster.propose(command).await.map_err(refused)?;
+    Ok(applied.n_records == 1)
+}
+
+/// The API's answer to a proposal that did not commit.
+fn refused(error: ProposeError) -> ApiError {
+    match error {
+        ProposeError::NotLeader { .. } => ApiError::NoLeader(
             "this member stopped leading before the change was committed; retry".into(),
-        )),
-        Err(error @ ProposeError::NoQuorum(_)) => Err(ApiError::NoQuorum(error.to_string())),
-        Err(error @ ProposeError::Stopped(_)) => Err(ApiError::NoLeader(error.to_string())),
+        ),
+        error @ ProposeError::NoQuorum(_) => ApiError::NoQuorum(error.to_string()),
+        error @ ProposeError::Stopped(_) => ApiError::NoLeader(error.to_string()),
     }
 }
 

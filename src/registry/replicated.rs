@@ -27,6 +27,10 @@ use crate::types::Key;
 pub struct Logged<T> {
     pub answer: T,
     pub record: Option<Record>,
+    /// The generation of the key the change was decided on, when the record must apply only
+    /// to that key (`Command::WriteIf`): a TTL change decided while the key's expiry was in
+    /// flight must not bring it back if the expiry is committed first.
+    pub guard: Option<u32>,
 }
 
 /// Slots a promotion pass handles per shard lock: about as long a hold as a sweep chunk.
@@ -84,6 +88,27 @@ impl Registry {
                 false
             }
         }
+    }
+
+    /// Applies `record` (the whole entry at `index`, `Command::WriteIf`) only if its key still
+    /// has `generation`: `Some(whether it created the key)`, or `None` when the key is gone or
+    /// another (expired, deleted, created again since the leader decided).
+    pub fn apply_logged_if(
+        &self,
+        record: Record,
+        generation: u32,
+        index: u64,
+        at: Instant,
+    ) -> Option<bool> {
+        let key = match &record {
+            Record::Upsert(state) => state.key.clone(),
+            Record::Deleted { key, .. } => key.clone(),
+            _ => return Some(self.apply_logged(record, index, 0, at)),
+        };
+        // Keys change only by applied entries, and entries are applied one at a time: the
+        // generation read here is the one the record meets.
+        let current = self.with_shard(&key, |shard, hash, _| shard.key_generation((&key, hash)));
+        (current == Some(generation)).then(|| self.apply_logged(record, index, 0, at))
     }
 
     /// Applies the committed expiry entry at `index`: each key that still has the generation
@@ -252,10 +277,19 @@ impl Registry {
     ) -> Result<Logged<ExpireOutcome>, RegistryError> {
         let now = self.clock.at(now);
         let (target_ms, _) = self.expire_target(at, now)?;
-        let (answer, record) = self.with_shard(key, |shard, hash, ctx| {
-            shard.expire_record((key, hash), target_ms, condition, ctx, now)
+        let logged = self.with_shard(key, |shard, hash, ctx| {
+            let (answer, record) = shard.expire_record((key, hash), target_ms, condition, ctx, now);
+            let guard = record.as_ref().and_then(|record| match record {
+                Record::Upsert(_) => shard.key_generation((key, hash)),
+                _ => None,
+            });
+            Logged {
+                answer,
+                record,
+                guard,
+            }
         });
-        Ok(Logged { answer, record })
+        Ok(logged)
     }
 
     /// PERSIST on a cluster member (the leader), changing nothing: the answer (`None`:
@@ -263,10 +297,15 @@ impl Registry {
     /// state without a deadline.
     pub fn persist_for(&self, key: &Key, now: Instant) -> Logged<Option<bool>> {
         let now = self.clock.at(now);
-        let (answer, record) = self.with_shard(key, |shard, hash, ctx| {
-            shard.persist_record((key, hash), ctx, now)
-        });
-        Logged { answer, record }
+        self.with_shard(key, |shard, hash, ctx| {
+            let (answer, record) = shard.persist_record((key, hash), ctx, now);
+            let guard = record.as_ref().and(shard.key_generation((key, hash)));
+            Logged {
+                answer,
+                record,
+                guard,
+            }
+        })
     }
 
     /// What a heartbeat whose record was applied is answered: the key as it is now (or, if a
@@ -419,6 +458,43 @@ mod tests {
         let unix_later = registry.clock.unix_ms(registry.clock.at(later).ms);
         assert_eq!(view.registered_at_ms, unix_later);
         assert_eq!(registry.state(&key("a"), later), State::ExpiresIn(5_000));
+    }
+
+    /// Must not happen: a TTL change brings back a key that expired. The leader decides an
+    /// EXPIRE (or PERSIST) on a key whose own expiry is in flight; if the expiry is committed
+    /// first, the change applies as nothing (the API answers 404, as for a missing key), with
+    /// no `registered` event; if the change is committed first, it applies and the expiry,
+    /// for the older generation, does nothing.
+    #[tokio::test(start_paused = true)]
+    async fn a_ttl_change_committed_after_the_keys_expiry_does_not_bring_it_back() {
+        let epoch = Instant::now();
+        let later = epoch + Duration::from_millis(1_500);
+        for expiry_first in [true, false] {
+            let registry = member(epoch);
+            create(&registry, "a", 1, 7, epoch);
+            registry.sweep(later, 1 << 20);
+            assert_eq!(registry.expiring_batch(10), [(key("a"), 7)]);
+            let logged = registry
+                .expire_for(&key("a"), ExpireAt::In(60_000), None, later)
+                .unwrap();
+            assert_eq!(logged.guard, Some(7));
+            let persisted = registry.persist_for(&key("a"), later);
+            assert_eq!(persisted.guard, Some(7));
+            let record = logged.record.expect("a change to log");
+            let mut receiver = registry.subscribe();
+            if expiry_first {
+                assert_eq!(registry.apply_expiries(&[(key("a"), 7)], 8, later), 1);
+                assert_eq!(registry.apply_logged_if(record, 7, 9, later), None);
+                assert_eq!(registry.state(&key("a"), later), State::Missing);
+                assert_eq!(events(&mut receiver), [(EventKind::Expired, "a".into())]);
+            } else {
+                assert_eq!(registry.apply_logged_if(record, 7, 8, later), Some(false));
+                assert_eq!(registry.apply_expiries(&[(key("a"), 7)], 9, later), 0);
+                assert_eq!(registry.state(&key("a"), later), State::ExpiresIn(60_000));
+                assert!(events(&mut receiver).is_empty());
+            }
+            registry.check_invariants();
+        }
     }
 
     #[tokio::test(start_paused = true)]
@@ -699,11 +775,13 @@ mod tests {
             leader.persist_for(&key("nobody"), epoch),
             Logged {
                 answer: None,
-                record: None
+                record: None,
+                guard: None
             }
         );
         let logged = leader.persist_for(&key("a"), epoch);
         assert_eq!(logged.answer, Some(true));
+        assert_eq!(logged.guard, Some(3), "decided on the key entry 3 wrote");
         let record = logged.record.expect("a change to log");
         assert!(
             matches!(&record, Record::Upsert(state) if state.expiry == Expiry::Never),
@@ -717,7 +795,8 @@ mod tests {
             leader.persist_for(&key("a"), epoch),
             Logged {
                 answer: Some(false),
-                record: None
+                record: None,
+                guard: None
             },
             "nothing left to remove"
         );

@@ -76,6 +76,11 @@ impl Shard {
     }
 
     /// The generation of the key in `slot`.
+    /// The generation of `key`, if it is here.
+    pub(in crate::registry) fn key_generation(&self, key: Keyed<'_>) -> Option<u32> {
+        self.find(key).map(|slot| self.generation(slot))
+    }
+
     pub(super) fn generation(&self, slot: SlotId) -> u32 {
         self.generations.get(slot as usize).copied().unwrap_or(0)
     }

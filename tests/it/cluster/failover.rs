@@ -692,8 +692,8 @@ fn judge_expired_listings(seen: &Observed) -> Vec<String> {
 
 /// How the operations ended, for the summary.
 /// What a false expiration's report adds when the driver, not the cluster, may be at fault:
-/// the longest time from a heartbeat of the key that may have been applied (acknowledged, or
-/// without an answer) to its next attempt, before `by_ms`, if it exceeded the TTL.
+/// the longest time from an acknowledged heartbeat of the key to its next attempt, before
+/// `by_ms`, if it exceeded the TTL.
 fn client_late(ops: &[&Op], by_ms: Ms) -> String {
     let mut last_acked: Option<(Ms, Ms)> = None; // (invoked, ttl)
     let mut worst: Option<(Ms, Ms)> = None; // (gap, ttl)
@@ -707,14 +707,14 @@ fn client_late(ops: &[&Op], by_ms: Ms) -> String {
                 worst = Some((gap, ttl));
             }
         }
-        if matches!(outcome, Outcome::Ok(_) | Outcome::Unknown) {
+        if matches!(outcome, Outcome::Ok(_)) {
             last_acked = Some((op.invoked_ms, *ttl_ms));
         }
     }
     match worst {
         Some((gap, ttl)) => format!(
-            " (but its client was late: {gap} ms from a heartbeat that may have been applied to \
-             the next, TTL {ttl} ms: the test's driver fell behind)"
+            " (but its client was late: {gap} ms from an acknowledged heartbeat to the next, \
+             TTL {ttl} ms: the test's driver fell behind)"
         ),
         None => String::new(),
     }

@@ -285,9 +285,9 @@ mod tests {
             sizes,
             "every request once, in arrival order"
         );
-        // By bytes: 40 records of ~4 KiB fill an entry long before 1,024 records.
-        let groups = groups_of(vec![fat(30), fat(30), small(5)]).await;
-        assert_eq!(groups, [vec![30], vec![30, 5]]);
+        // By bytes: 16 records of ~4 KiB fill an entry long before 1,024 records.
+        let groups = groups_of(vec![fat(10), fat(10), small(5)]).await;
+        assert_eq!(groups, [vec![10], vec![10, 5]]);
     }
 
     /// A request too large for one entry (1,000 heartbeats with 4 KiB of metadata each: the

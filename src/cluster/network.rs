@@ -233,8 +233,10 @@ pub struct PeerClient {
 /// `heartbeat_interval` (150 ms), then sends the same payload again: entries of thousands of
 /// records made payloads a follower could not take in that time on a loaded machine (a debug
 /// build, in the failover tests' burst of batches), and replication stalled for good.
-/// openraft's `PayloadTooLarge` answer makes it send fewer.
-pub const MAX_APPEND_BYTES: usize = 256 * 1024;
+/// openraft's `PayloadTooLarge` answer makes it send fewer. 128 KiB (it was 256): at 3 MB/s,
+/// the slow-link test's rate, 256 KiB payloads took ~90 ms on the wire and, with a loaded
+/// debug build's encoding and apply, missed the 150 ms in the fresh-clone CI.
+pub const MAX_APPEND_BYTES: usize = 128 * 1024;
 
 /// How many of `entries`, from the first, fit in [`MAX_APPEND_BYTES`] (at least one): by
 /// their commands' approximate encodings, as base64 in JSON (4/3 of it).

@@ -21,18 +21,12 @@ use crate::types::{Key, Meta, ServiceName, Ttl};
 /// Most heartbeats in one batch.
 pub const MAX_BATCH: usize = 1000;
 
-/// A batch is applied this many items at a time, each chunk at its own `now`; on a serving
-/// runtime (no bulk threads: `--serving shared`, embeddings, tests) yielding to its other tasks
+/// A batch is applied this many items at a time, yielding to the serving thread's other tasks
 /// between chunks: a serving thread is one event loop (`placement`), and a whole batch of 1,000
 /// creations holds it for ~1-2 ms, so a single heartbeat on the same thread waited behind every
 /// batch queued before it (issue 27: p99 37 ms, max 71 ms during a 1M-key registration). 64
 /// items are ~0.1 ms of work; a yield costs well under a microsecond.
 const BATCH_CHUNK: usize = 64;
-
-/// A batch body larger than this is applied on a bulk thread (`bulk`), when there are any: a
-/// smaller one (up to ~100 items) costs the serving thread less than the hand-over's two
-/// thread wake-ups would cost the request.
-const INLINE_BATCH_BYTES: usize = 8 * 1024;
 
 /// A heartbeat as sent. Unknown fields are refused so that typos (`"ttl"`) surface.
 #[derive(Debug, Deserialize)]
@@ -147,20 +141,18 @@ pub async fn heartbeats_batch(
     QueryParams(query): QueryParams<BatchQuery>,
     JsonBytes(body): JsonBytes<BATCH_BODY_LIMIT>,
 ) -> Result<Response, ApiError> {
-    let steps = match &state.bulk {
-        Some(bulk) if body.len() > INLINE_BATCH_BYTES => {
-            let (state, caller) = (state.clone(), caller.clone());
-            let applied = bulk.run(move || apply_batch(&state, &caller, &body)).await;
-            applied.unwrap_or_else(|| Err(ApiError::Internal("the server is stopping".into())))?
-        }
-        _ => {
-            let batch = parse_batch(&body)?;
-            in_chunks(&batch.heartbeats, |item, now| {
-                apply_item(&state, &caller, item, now)
-            })
-            .await
-        }
-    };
+    let batch: BatchBody<'_> = parse_json(body.as_ref())?;
+    if batch.heartbeats.len() > MAX_BATCH {
+        return Err(ApiError::BatchTooLarge {
+            max: MAX_BATCH,
+            got: batch.heartbeats.len(),
+        });
+    }
+    let steps = in_chunks(&batch.heartbeats, |item, now| {
+        parse_json::<HeartbeatBody<'_>>(item.get().as_bytes())
+            .and_then(|body| apply(&state, &caller, body, now))
+    })
+    .await;
     let outcomes = through_the_log(&state, steps).await;
     replicate::fence(&state)?;
     // One wait for the whole batch: its last record's sync covers every earlier one.
@@ -200,50 +192,6 @@ pub async fn heartbeats_batch(
             Json(answer).into_response()
         }
     })
-}
-
-/// A batch body, parsed; refused if it holds more than [`MAX_BATCH`] heartbeats.
-fn parse_batch(body: &[u8]) -> Result<BatchBody<'_>, ApiError> {
-    let batch: BatchBody<'_> = parse_json(body)?;
-    if batch.heartbeats.len() > MAX_BATCH {
-        return Err(ApiError::BatchTooLarge {
-            max: MAX_BATCH,
-            got: batch.heartbeats.len(),
-        });
-    }
-    Ok(batch)
-}
-
-/// One item of a batch, parsed and applied at `now`.
-fn apply_item(
-    state: &AppState,
-    caller: &Caller,
-    item: &RawValue,
-    now: Instant,
-) -> Result<Step, ApiError> {
-    parse_json::<HeartbeatBody<'_>>(item.get().as_bytes())
-        .and_then(|body| apply(state, caller, body, now))
-}
-
-/// A whole batch, parsed and applied [`BATCH_CHUNK`] items at a time without yielding, each
-/// chunk at its own `now` (a bulk thread's job: the kernel, not the event loop, shares the
-/// core).
-fn apply_batch(
-    state: &AppState,
-    caller: &Caller,
-    body: &[u8],
-) -> Result<Vec<Result<Step, ApiError>>, ApiError> {
-    let batch = parse_batch(body)?;
-    let mut steps = Vec::with_capacity(batch.heartbeats.len());
-    for chunk in batch.heartbeats.chunks(BATCH_CHUNK) {
-        let now = Instant::now();
-        steps.extend(
-            chunk
-                .iter()
-                .map(|item| apply_item(state, caller, item, now)),
-        );
-    }
-    Ok(steps)
 }
 
 /// The items of a batch that need the log (cluster mode) proposed as one entry; every item's

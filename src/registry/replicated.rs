@@ -103,6 +103,8 @@ impl Registry {
         let key = match &record {
             Record::Upsert(state) => state.key.clone(),
             Record::Deleted { key, .. } => key.clone(),
+            // Only a key's state or its deletion is ever proposed with a guard; any other
+            // record names no key to check, and applies as `apply_logged` would.
             _ => return Some(self.apply_logged(record, index, 0, at)),
         };
         // Keys change only by applied entries, and entries are applied one at a time: the

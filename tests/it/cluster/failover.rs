@@ -10,10 +10,10 @@
 //!   `state=expired` listing) and never answered `created` again (the checker's rule 1).
 //! - *A dead client's key expires once*: every member that ran throughout reports it exactly
 //!   once on its stream, and the cluster's webhooks report it, by the checker's bound: its
-//!   last deadline + 1 s, or after a failover `p + max(remaining at the last contact, min(TTL,
-//!   grace))` + 1 s, the issue's "last checkpointed deadline + grace + 1 s" (grace:
-//!   `--failover-grace`, 5 s). A member paused or cut off reports it exactly once on its
-//!   stream after it rejoins. Each member has its own receiver (its one `--webhook-url`), and
+//!   last deadline + 1 s, or after a failover the issue's "last checkpointed deadline +
+//!   grace + 1 s" (grace: `--failover-grace`, 5 s), or the design's `p + max(remaining at the
+//!   last contact, min(TTL, grace))` + 1 s where that is later (history.rs, rule 2). A member
+//!   paused or cut off reports it exactly once on its stream after it rejoins. Each member has its own receiver (its one `--webhook-url`), and
 //!   only the leader sends: the receivers together are the cluster's webhooks, which name
 //!   each expiry with one id (`msg_log_<log id>`), repeated only by a resend.
 //! - *Fencing*: a leader without a quorum acknowledges no renewal once the fence (640 ms, 4/5
@@ -463,6 +463,8 @@ impl Rig {
             .map(|id| (format!("webhook:n{id}"), incomplete))
             .collect();
         let main = Self::history_of(seen, webhooks, streams, ended_ms);
+        let (past, most) = history::past_the_design_bound(&main);
+        eprintln!("{past} dead key(s) reported past the design's bound, by up to {most} ms");
         let mut found: Vec<String> = (history::check_all(&main).iter())
             .map(ToString::to_string)
             .collect();
@@ -511,42 +513,28 @@ impl Rig {
     }
 
     /// Expiries of live keys, on any stream of any member, received while an acknowledged TTL
-    /// of theirs ran.
+    /// of theirs ran ([`false_expiry`]).
     fn live_expiries(&self, seen: &Observed) -> Vec<String> {
-        let mut promise: BTreeMap<&str, Ms> = BTreeMap::new();
-        for op in &seen.ops {
-            if let OpKind::Heartbeat {
-                ttl_ms,
-                outcome: Outcome::Ok(_),
-            } = op.kind
-            {
-                let until = promise.entry(&op.key).or_default();
-                *until = (*until).max(op.invoked_ms + ttl_ms);
-            }
-        }
         let mut events: Vec<Event> = Vec::new();
         for id in self.all() {
             events.extend(self.sse_events(id).0);
             events.extend(self.webhook_events(id));
         }
+        events.retain(|event| event.kind == EventKind::Expired && seen.live.contains(&event.key));
+        events.sort_by_key(|event| event.received_ms);
         (events.iter())
-            .filter(|event| event.kind == EventKind::Expired && seen.live.contains(&event.key))
-            .filter(|event| {
-                let until = promise.get(event.key.as_str());
-                until.is_some_and(|&until| event.received_ms < until)
-            })
-            .map(|event| {
+            .filter_map(|event| {
                 let ops: Vec<&Op> = (seen.ops.iter()).filter(|op| op.key == event.key).collect();
-                format!(
+                let until = false_expiry(&ops, event, &events)?;
+                Some(format!(
                     "false expiration: live key {} reported expired on {} at {} ms, its TTL ran \
-                     until {} ms{}; its heartbeats: {:?}",
+                     until {until} ms{}; its heartbeats: {:?}",
                     event.key,
                     event.stream,
                     event.received_ms,
-                    promise[event.key.as_str()],
                     client_late(&ops, event.received_ms),
                     ops.iter().map(ToString::to_string).collect::<Vec<_>>()
-                )
+                ))
             })
             .collect()
     }
@@ -688,6 +676,37 @@ fn judge_expired_listings(seen: &Observed) -> Vec<String> {
         }
     }
     found
+}
+
+/// When `expiry` (received at `t`) is a false expiration of its key: an acknowledged heartbeat
+/// `h` of the key completed before `t` and `h.invoked + ttl > t`, so the key was there, with
+/// a deadline past `t`, before the expiry was received (a live key has no delete, and a later
+/// heartbeat never gives less: the checker's deadline lemma). The end of that TTL, if so.
+/// Excused: if `h` created the key, the first expiry on the stream after `h` was invoked may
+/// end the life before it (a creation answered 503 or timed out that the cluster applied
+/// anyway), its event delivered after `h`'s answer.
+fn false_expiry(ops: &[&Op], expiry: &Event, expiries: &[Event]) -> Option<Ms> {
+    let t = expiry.received_ms;
+    (ops.iter())
+        .filter_map(|op| match op.kind {
+            OpKind::Heartbeat {
+                ttl_ms,
+                outcome: Outcome::Ok(answer),
+            } => Some((op, op.invoked_ms + ttl_ms, answer)),
+            _ => None,
+        })
+        .filter(|(op, until, _)| op.completed_ms < t && t < *until)
+        .filter(|(op, _, answer)| {
+            let first_after = (expiries.iter())
+                .find(|e| {
+                    (e.key.as_str(), e.stream.as_str()) == (&*expiry.key, &*expiry.stream)
+                        && e.received_ms >= op.invoked_ms
+                })
+                .is_some_and(|first| first.id == expiry.id);
+            !(*answer == Renewal::Created && first_after)
+        })
+        .map(|(_, until, _)| until)
+        .max()
 }
 
 /// How the operations ended, for the summary.

@@ -36,13 +36,17 @@
 //!    complete stream exactly once. `d` starts at the latest deadline any heartbeat before the
 //!    stop may have set (`min(completed, stop) + ttl`, `Unknown` ones included); each failover
 //!    promoted after the last acknowledged heartbeat began, whose predecessor was last heard of
-//!    before the report, makes it `max(d, p + max(min(ttl, d - last_contact), min(ttl,
+//!    before the report, makes it `max(d + grace, p + max(min(ttl, d - last_contact), min(ttl,
 //!    grace)))`; a history that ends before the bound with no report is flagged too (it cannot
-//!    tell). Sound: a new leader gives `p + max(remaining at its last contact, min(ttl,
-//!    grace))` (design section 6), a remaining time never exceeds the TTL, and the slack covers
-//!    the sweep, the commit and the delivery. This is the design's `max(D + (p - c), p +
-//!    min(ttl, g))`, not `max(D, p + min(ttl, g))`, which a key with more than the grace left
-//!    at the failover rightly exceeds.
+//!    tell). That is the "last checkpointed deadline + grace + 1 s", or the design's
+//!    `p + max(remaining at the last contact, min(ttl, grace))` (section 6) where that is later:
+//!    a key due during the election gets `min(ttl, grace)` from the promotion, and an election
+//!    longer than the grace keeps the remaining time. Not the design's alone: a follower counts
+//!    a checkpoint's remaining time from when it applies it, so its deadlines trail the old
+//!    leader's by the checkpoint's replication lag, and a new leader that loses its lease for a
+//!    while under load pauses expiry meanwhile. Measured with a one-core busy loop beside the
+//!    10,000-key kill scenario: dead keys reported up to 1.3 s past the design's bound, all
+//!    within the issue's. [`past_the_design_bound`] reports how far a run went past it.
 //! 3. [`delivery`]: on a stream an id comes once (a webhook stream, at-least-once, may repeat
 //!    it) and a key's ids increase; an id has one content on every stream; a complete stream
 //!    (followed from the start, drained at the end) carries every id any stream carried, and a
@@ -496,6 +500,8 @@ struct LastLife {
     applied_index: Option<u64>,
     /// The key's last `Registered` id on any stream.
     registered: u64,
+    /// How many of its heartbeats before the stop got no answer (`Unknown`): a diagnostic.
+    unanswered: usize,
 }
 
 impl LastLife {
@@ -521,7 +527,27 @@ impl LastLife {
             since_ms: acked.iter().map(|op| op.invoked_ms).max().unwrap_or(0),
             applied_index: acked.iter().filter_map(|op| op.applied_index).max(),
             registered: registered.unwrap_or(0),
+            unanswered: (beats.iter())
+                .filter(|(op, _)| op.effect() == Effect::Maybe)
+                .count(),
         })
+    }
+
+    /// The events that report this life's end, the first report's reception, and the
+    /// failovers (sorted by promotion) that may have met it.
+    fn ends<'a>(
+        &self,
+        view: &'a KeyView<'a>,
+        failovers: &[&'a Failover],
+    ) -> (Vec<&'a Seen<'a>>, Option<Ms>, Vec<&'a Failover>) {
+        let ends: Vec<&Seen> = view.events.iter().filter(|e| self.ended_by(e)).collect();
+        let reported = ends.iter().map(|e| e.event.received_ms).min();
+        let met = (failovers.iter().copied())
+            .filter(|f| {
+                f.promoted_ms >= self.since_ms && reported.is_none_or(|r| f.last_contact_ms < r)
+            })
+            .collect();
+        (ends, reported, met)
     }
 
     /// Does this event report the end of this life?
@@ -536,10 +562,26 @@ impl LastLife {
     /// one whose predecessor was still heard of after the report came too late to delay it
     /// (`promoted_ms` is only an observation, `last_contact_ms` precedes the real promotion).
     fn bound_ms(&self, failovers: &[&Failover], rules: &Rules) -> Ms {
+        let deadline = (failovers.iter()).fold(self.deadline_ms, |d, f| {
+            d.max(self.design_deadline(d, f, rules))
+                .max(d.saturating_add(rules.grace_ms))
+        });
+        deadline.saturating_add(rules.slack_ms)
+    }
+
+    /// The design's deadline after failover `f` for a key due at `d` (module doc, rule 2),
+    /// without the checkpoint's replication lag: `p + max(min(ttl, d - c), min(ttl, grace))`.
+    fn design_deadline(&self, d: Ms, f: &Failover, rules: &Rules) -> Ms {
         let floor = self.ttl_ms.min(rules.grace_ms);
-        let deadline = failovers.iter().fold(self.deadline_ms, |d, f| {
-            let remaining = d.saturating_sub(f.last_contact_ms).min(self.ttl_ms);
-            d.max(f.promoted_ms.saturating_add(remaining.max(floor)))
+        let remaining = d.saturating_sub(f.last_contact_ms).min(self.ttl_ms);
+        f.promoted_ms.saturating_add(remaining.max(floor))
+    }
+
+    /// The design's bound alone, `design_deadline` over the failovers plus the slack: a
+    /// diagnostic ([`past_the_design_bound`]), not a rule.
+    fn design_bound_ms(&self, failovers: &[&Failover], rules: &Rules) -> Ms {
+        let deadline = (failovers.iter()).fold(self.deadline_ms, |d, f| {
+            d.max(self.design_deadline(d, f, rules))
         });
         deadline.saturating_add(rules.slack_ms)
     }
@@ -557,13 +599,7 @@ pub fn late_expiries(history: &History) -> Vec<Violation> {
         else {
             continue;
         };
-        let ends: Vec<&Seen> = view.events.iter().filter(|e| life.ended_by(e)).collect();
-        let reported = ends.iter().map(|e| e.event.received_ms).min();
-        let met: Vec<&Failover> = (failovers.iter().copied())
-            .filter(|f| {
-                f.promoted_ms >= life.since_ms && reported.is_none_or(|r| f.last_contact_ms < r)
-            })
-            .collect();
+        let (ends, reported, met) = life.ends(view, &failovers);
         let bound = life.bound_ms(&met, &history.rules);
         let late = match reported {
             Some(r) if r > bound => Some(format!("reported gone at {r} ms")),
@@ -575,8 +611,8 @@ pub fn late_expiries(history: &History) -> Vec<Violation> {
             )),
         };
         if let Some(late) = late {
-            let (d, ttl, n) = (life.deadline_ms, life.ttl_ms, met.len());
-            let message = format!("stopped at {at} ms, {late}; bound {bound} ms (latest deadline {d} ms, ttl {ttl} ms, {n} failover(s))");
+            let (d, ttl, n, u) = (life.deadline_ms, life.ttl_ms, met.len(), life.unanswered);
+            let message = format!("stopped at {at} ms, {late}; bound {bound} ms (latest deadline {d} ms, ttl {ttl} ms, {n} failover(s), {u} unanswered heartbeat(s))");
             found.push(violation(Check::LateExpiry, key, message));
         }
         for name in history
@@ -599,6 +635,26 @@ pub fn late_expiries(history: &History) -> Vec<Violation> {
         }
     }
     found
+}
+
+/// A diagnostic beside rule 2: the stopped keys reported gone after the design's bound (the
+/// failover deadline without the checkpoint's replication lag, plus the slack), and the most
+/// any was past it, in ms. Rule 2 holds the service to the looser bound; this says how
+/// much of the grace a run used.
+pub fn past_the_design_bound(history: &History) -> (usize, Ms) {
+    let views = by_key(history);
+    let mut failovers: Vec<&Failover> = history.failovers.iter().collect();
+    failovers.sort_by_key(|f| f.promoted_ms);
+    let past: Vec<Ms> = (history.stopped.iter())
+        .filter_map(|stopped| {
+            let view = views.get(stopped.key.as_str())?;
+            let life = LastLife::of(view, stopped.at_ms)?;
+            let (_, reported, met) = life.ends(view, &failovers);
+            let over = reported?.checked_sub(life.design_bound_ms(&met, &history.rules))?;
+            (over > 0).then_some(over)
+        })
+        .collect();
+    (past.len(), past.iter().copied().max().unwrap_or(0))
 }
 
 /// Rule 3: each stream's ids once and in order, one content per id, complete streams whole.
@@ -1089,7 +1145,8 @@ mod tests {
     #[test]
     fn a_failover_gives_a_key_due_during_the_election_its_ttl_or_the_grace() {
         // Deadline 4,010; the new leader last heard of the old one at 3,000 and was promoted at
-        // 6,000: 6,000 + max(min(3,000, 1,010), min(3,000, 5,000)) + 1,000 = 10,000.
+        // 6,000: max(4,010 + 5,000, 6,000 + max(min(3,000, 1,010), min(3,000, 5,000))) + 1,000
+        // = 10,010.
         let ops = vec![beat((1_000, 1_010), 3_000, ok(Created))];
         let events = sse(&[(1, Registered, 1_020), (2, Expired, 9_800)]);
         let mut history = stopped(ops, events, 1_500);
@@ -1103,7 +1160,7 @@ mod tests {
             last_contact_ms: 3_000,
         });
         check(late_expiries, &history, 0);
-        history.events[1].received_ms = 10_001;
+        history.events[1].received_ms = 10_011;
         check(late_expiries, &history, 1);
         // Seen promoted only after the report (the test polls late): it still counts, as its
         // predecessor was lost before the report.
@@ -1114,17 +1171,38 @@ mod tests {
 
     #[test]
     fn a_failover_keeps_a_remaining_time_longer_than_the_grace() {
-        // TTL 10 s over a 5 s grace: deadline 10,010, last contact at 1,000, promoted at 3,000:
-        // 3,000 + min(10,000, 9,010) + 1,000 = 13,010, where `max(D, p + min(ttl, g)) + 1 s`
-        // would say 11,010 and flag a correct server.
-        for (received, expected) in [(12_500, 0), (13_010, 0), (13_011, 1)] {
+        // TTL 10 s over a 5 s grace: deadline 10,010, last contact at 1,000, promoted at 7,000
+        // (an election longer than the grace): 7,000 + min(10,000, 9,010) + 1,000 = 17,010,
+        // past the 10,010 + 5,000 + 1,000 = 16,010, where `max(D, p + min(ttl, g)) +
+        // 1 s` would say 13,010 and flag a correct server.
+        for (received, expected) in [(16_500, 0), (17_010, 0), (17_011, 1)] {
             let events = sse(&[(1, Registered, 20), (2, Expired, received)]);
             let mut history = stopped(vec![beat((0, 10), 10_000, ok(Created))], events, 500);
             history.failovers.push(Failover {
-                promoted_ms: 3_000,
+                promoted_ms: 7_000,
                 last_contact_ms: 1_000,
             });
             check(late_expiries, &history, expected);
+            assert_eq!(past_the_design_bound(&history), (expected, expected as Ms));
+        }
+    }
+
+    #[test]
+    fn a_short_failover_allows_the_checkpoints_lag_up_to_the_grace() {
+        // Deadline 20,010 (TTL 20 s), last contact at 6,800, promoted at 9,200: the design
+        // says 9,200 + 13,210 + 1,000 = 23,410; a follower that applied the last checkpoint
+        // 1.3 s late keeps the key to 23,510 and reports it by 24,710 at worst; the issue's
+        // bound is 20,010 + 5,000 + 1,000 = 26,010.
+        for (received, expected, past) in [(23_400, 0, 0), (24_710, 0, 1_300), (26_011, 1, 2_601)] {
+            let events = sse(&[(1, Registered, 20), (2, Expired, received)]);
+            let mut history = stopped(vec![beat((0, 10), 20_000, ok(Created))], events, 500);
+            history.failovers.push(Failover {
+                promoted_ms: 9_200,
+                last_contact_ms: 6_800,
+            });
+            check(late_expiries, &history, expected);
+            let n_past = usize::from(past > 0);
+            assert_eq!(past_the_design_bound(&history), (n_past, past));
         }
     }
 

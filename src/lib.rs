@@ -25,6 +25,7 @@
 //! See `ARCHITECTURE.md` for the map and the invariants.
 
 pub mod auth;
+pub mod bulk;
 pub mod cli;
 pub mod clock;
 pub mod cluster;
@@ -338,6 +339,7 @@ impl Service {
             metrics: Arc::clone(&metrics),
             request_timeout: config.request_timeout,
             cluster: cluster.clone(),
+            bulk: placement.bulk().cloned(),
             max_stream_clients: config.max_stream_clients,
             auth: http::auth::AuthState {
                 auth: auth.clone(),

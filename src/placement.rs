@@ -5,9 +5,11 @@
 //!   runtime and hands each connection, round robin, to one serving thread, which serves it for
 //!   its whole life. The ticker (sweeps, the stall watchdog, snapshots) gets a thread of its own.
 //!   The caller's runtime keeps everything else: accepting, webhook delivery, the stream feed,
-//!   reloads.
+//!   reloads. Large batches are applied on `N` bulk threads at a lower priority ([`Bulk`]), so
+//!   that the serving threads stay free for single heartbeats.
 //! - **Shared** ([`Placement::shared`], `--serving shared`, and every in-process embedding, the
-//!   tests included): everything runs on the caller's runtime, so paused time reaches it all.
+//!   tests included): everything runs on the caller's runtime, so paused time reaches it all;
+//!   batches too, in chunks between yields.
 //!
 //! Why per-core is the default (BENCHMARKS.md, "Serving mode"): a connection's requests never
 //! move between threads, so no work-stealing and no cross-thread wake-ups on the request path;
@@ -19,10 +21,13 @@
 //! state through `Arc`s (the registry's shard locks are the only lock a heartbeat takes).
 
 use std::io;
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
+
+use crate::bulk::Bulk;
 
 /// The runtimes the service's parts are spawned on.
 pub struct Placement {
@@ -32,6 +37,8 @@ pub struct Placement {
     ticker: Handle,
     /// The threads this placement started; empty when shared.
     threads: Vec<RuntimeThread>,
+    /// Where large batches are applied; `None`: on the serving runtime.
+    bulk: Option<Arc<Bulk>>,
 }
 
 impl Placement {
@@ -42,6 +49,7 @@ impl Placement {
             serving: vec![current.clone()],
             ticker: current,
             threads: Vec::new(),
+            bulk: None,
         }
     }
 
@@ -59,6 +67,7 @@ impl Placement {
             serving,
             ticker: ticker_handle,
             threads,
+            bulk: Some(Arc::new(Bulk::start(serving_threads.max(1))?)),
         })
     }
 
@@ -70,6 +79,11 @@ impl Placement {
     /// The runtime that runs the ticker.
     pub fn ticker(&self) -> &Handle {
         &self.ticker
+    }
+
+    /// The bulk threads large batches are applied on, if this placement has them.
+    pub fn bulk(&self) -> Option<&Arc<Bulk>> {
+        self.bulk.as_ref()
     }
 
     /// Whether connections are served on threads of their own (rather than the caller's).

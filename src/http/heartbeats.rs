@@ -21,12 +21,18 @@ use crate::types::{Key, Meta, ServiceName, Ttl};
 /// Most heartbeats in one batch.
 pub const MAX_BATCH: usize = 1000;
 
-/// A batch is applied this many items at a time, yielding to the serving thread's other tasks
-/// between chunks: a serving thread is one event loop (`placement`), and a whole batch of 1,000
+/// On a serving runtime (no bulk threads: `--serving shared`, embeddings, tests, small bodies)
+/// a batch is applied this many items at a time, yielding to the runtime's other tasks between
+/// chunks: a serving thread is one event loop (`placement`), and a whole batch of 1,000
 /// creations holds it for ~1-2 ms, so a single heartbeat on the same thread waited behind every
 /// batch queued before it (issue 27: p99 37 ms, max 71 ms during a 1M-key registration). 64
 /// items are ~0.1 ms of work; a yield costs well under a microsecond.
 const BATCH_CHUNK: usize = 64;
+
+/// A batch body larger than this is applied on a bulk thread (`bulk`), when there are any: a
+/// smaller one (up to ~100 items) costs the serving thread less than the hand-over's two
+/// thread wake-ups would cost the request.
+const INLINE_BATCH_BYTES: usize = 8 * 1024;
 
 /// A heartbeat as sent. Unknown fields are refused so that typos (`"ttl"`) surface.
 #[derive(Debug, Deserialize)]
@@ -141,18 +147,29 @@ pub async fn heartbeats_batch(
     QueryParams(query): QueryParams<BatchQuery>,
     JsonBytes(body): JsonBytes<BATCH_BODY_LIMIT>,
 ) -> Result<Response, ApiError> {
-    let batch: BatchBody<'_> = parse_json(body.as_ref())?;
-    if batch.heartbeats.len() > MAX_BATCH {
-        return Err(ApiError::BatchTooLarge {
-            max: MAX_BATCH,
-            got: batch.heartbeats.len(),
-        });
-    }
-    let steps = in_chunks(&batch.heartbeats, |item, now| {
-        parse_json::<HeartbeatBody<'_>>(item.get().as_bytes())
-            .and_then(|body| apply(&state, &caller, body, now))
-    })
-    .await;
+    // Every item at the instant the batch arrived: a batch is one client's heartbeats of one
+    // moment, so its keys' deadlines stay together however long a loaded machine takes to apply
+    // it (spread over a second boundary, they split the expiry guard's count: a partition then
+    // expired the first share before the guard tripped). The registry never moves a renewal's
+    // deadline back (`Shard::heartbeat`), so a batch applied after a newer heartbeat of the
+    // same key shortens nothing; a deadline the sweeper has passed meanwhile is due at once.
+    let now = Instant::now();
+    let steps = match &state.bulk {
+        Some(bulk) if body.len() > INLINE_BATCH_BYTES => {
+            let (state, caller) = (state.clone(), caller.clone());
+            let applied = bulk
+                .run(move || apply_batch(&state, &caller, &body, now))
+                .await;
+            applied.unwrap_or_else(|| Err(ApiError::Internal("the server is stopping".into())))?
+        }
+        _ => {
+            let batch = parse_batch(&body)?;
+            in_chunks(&batch.heartbeats, |item| {
+                apply_item(&state, &caller, item, now)
+            })
+            .await
+        }
+    };
     let outcomes = through_the_log(&state, steps).await;
     replicate::fence(&state)?;
     // One wait for the whole batch: its last record's sync covers every earlier one.
@@ -194,6 +211,43 @@ pub async fn heartbeats_batch(
     })
 }
 
+/// A batch body, parsed; refused if it holds more than [`MAX_BATCH`] heartbeats.
+fn parse_batch(body: &[u8]) -> Result<BatchBody<'_>, ApiError> {
+    let batch: BatchBody<'_> = parse_json(body)?;
+    if batch.heartbeats.len() > MAX_BATCH {
+        return Err(ApiError::BatchTooLarge {
+            max: MAX_BATCH,
+            got: batch.heartbeats.len(),
+        });
+    }
+    Ok(batch)
+}
+
+/// One item of a batch, parsed and applied at `now`.
+fn apply_item(
+    state: &AppState,
+    caller: &Caller,
+    item: &RawValue,
+    now: Instant,
+) -> Result<Step, ApiError> {
+    parse_json::<HeartbeatBody<'_>>(item.get().as_bytes())
+        .and_then(|body| apply(state, caller, body, now))
+}
+
+/// A whole batch, parsed and applied at `now` without yielding (a bulk thread's job: the
+/// kernel, not the event loop, shares the core).
+fn apply_batch(
+    state: &AppState,
+    caller: &Caller,
+    body: &[u8],
+    now: Instant,
+) -> Result<Vec<Result<Step, ApiError>>, ApiError> {
+    let batch = parse_batch(body)?;
+    Ok((batch.heartbeats.iter())
+        .map(|item| apply_item(state, caller, item, now))
+        .collect())
+}
+
 /// The items of a batch that need the log (cluster mode) proposed as one entry; every item's
 /// outcome. A proposal that fails fails each of its items with its error.
 async fn through_the_log(
@@ -231,17 +285,14 @@ async fn through_the_log(
         .collect()
 }
 
-/// `apply(item, now)` for each item in order, [`BATCH_CHUNK`] at a time, yielding between
-/// chunks. Each chunk has its own `now`: the items of a batch are independent heartbeats, and
-/// a chunk applied after a yield must not use a time the ticker may already have swept past.
-async fn in_chunks<T, R>(items: &[T], mut apply: impl FnMut(&T, Instant) -> R) -> Vec<R> {
+/// `apply(item)` for each item in order, [`BATCH_CHUNK`] at a time, yielding between chunks.
+async fn in_chunks<T, R>(items: &[T], mut apply: impl FnMut(&T) -> R) -> Vec<R> {
     let mut outcomes = Vec::with_capacity(items.len());
     for (i, chunk) in items.chunks(BATCH_CHUNK).enumerate() {
         if i > 0 {
             tokio::task::yield_now().await;
         }
-        let now = Instant::now();
-        outcomes.extend(chunk.iter().map(|item| apply(item, now)));
+        outcomes.extend(chunk.iter().map(&mut apply));
     }
     outcomes
 }
@@ -334,7 +385,7 @@ mod tests {
     fn a_batch_yields_to_other_requests_between_chunks() {
         let items: Vec<usize> = (0..MAX_BATCH).collect();
         let applied = Cell::new(0);
-        let mut batch = std::pin::pin!(in_chunks(&items, |&item, _now| {
+        let mut batch = std::pin::pin!(in_chunks(&items, |&item| {
             assert_eq!(item, applied.get(), "in order");
             applied.set(item + 1);
             item

@@ -112,6 +112,8 @@ pub struct Shared {
     pub auth: auth::AuthState,
     /// This member of a cluster; `None`: a single node.
     pub cluster: Option<Arc<crate::cluster::node::Cluster>>,
+    /// Where large batches are applied (`placement`); `None`: on the serving runtime.
+    pub bulk: Option<Arc<crate::bulk::Bulk>>,
 }
 
 /// The API router.

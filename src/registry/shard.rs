@@ -382,8 +382,8 @@ impl Shard {
             ctx.reserve_key()?;
         }
         self.heartbeats += 1;
-        let now_unix_ms = ctx.clock.unix_ms(now_ms);
-        let deadline_ms = now.deadline_ms(ttl_ms);
+        let mut now_unix_ms = ctx.clock.unix_ms(now_ms);
+        let mut deadline_ms = now.deadline_ms(ttl_ms);
         let timer = TimerKind::for_ttl(ttl_ms, ctx.config.max_ttl_s);
         let (slot, created) = match found {
             Some(slot) => {
@@ -391,6 +391,14 @@ impl Shard {
                     self.change_service(slot, service);
                 }
                 let entry = self.slots.entry_mut(slot);
+                if !durable_change {
+                    // A renewal never moves the deadline back: one applied after a newer
+                    // heartbeat of the key (a batch applied at the instant it arrived, after a
+                    // single sent later) is older news. With the TTL unchanged, the deadline
+                    // there was set by a heartbeat's `now + ttl` (or the restart's).
+                    deadline_ms = deadline_ms.max(entry.deadline_ms);
+                    now_unix_ms = now_unix_ms.max(entry.last_heartbeat_unix_ms);
+                }
                 entry.deadline_ms = deadline_ms;
                 entry.ttl_ms = ttl_ms;
                 entry.last_heartbeat_unix_ms = now_unix_ms;

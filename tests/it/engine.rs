@@ -2,7 +2,8 @@
 
 use ttlwheel::events::EventKind;
 use ttlwheel::expiry::TimerKind;
-use ttlwheel::registry::{ExpireAt, ExpireCondition, ExpireOutcome, KeyState};
+use ttlwheel::registry::{ExpireAt, ExpireCondition, ExpireOutcome, Heartbeat, KeyState};
+use ttlwheel::types::Ttl;
 
 use crate::{key_of, Harness, UNIX_AT_EPOCH};
 
@@ -105,6 +106,43 @@ fn renewing_into_the_same_bucket_keeps_the_exact_deadline() {
         KeyState::ExpiresIn(300)
     );
     harness.advance(800); // 3000: tick 3 swept
+    assert_eq!(harness.drained_keys(EventKind::Expired), ["k"]);
+}
+
+/// A batch is applied at the instant it arrived, so a renewal can reach the registry after a
+/// newer heartbeat of the same key: it must not move the deadline back. A TTL change still
+/// sets the deadline from its own instant.
+#[test]
+fn an_older_renewal_applied_after_a_newer_one_keeps_the_later_deadline() {
+    let mut harness = Harness::new(10);
+    harness.stall(1_000);
+    let older = harness.now();
+    harness.stall(400);
+    harness.heartbeat("k", 3_000); // at 1400: deadline 4400
+    let late = Heartbeat {
+        key: key_of("k"),
+        ttl: Ttl::from_millis(3_000).unwrap(),
+        service: None,
+        meta: None,
+    };
+    let outcome = harness.registry.heartbeat(late.clone(), older).unwrap();
+    assert!(!outcome.created);
+    harness.advance(3_000 - 1); // 4399: the older renewal's 4000 has passed
+    assert_eq!(
+        harness.registry.state(&key_of("k"), harness.now()),
+        KeyState::ExpiresIn(1)
+    );
+    // The same older instant with another TTL is a change, applied as sent: 1000 + 5000.
+    let changed = Heartbeat {
+        ttl: Ttl::from_millis(5_000).unwrap(),
+        ..late
+    };
+    harness.registry.heartbeat(changed, older).unwrap();
+    assert_eq!(
+        harness.registry.state(&key_of("k"), harness.now()),
+        KeyState::ExpiresIn(6_000 - 4_399)
+    );
+    harness.advance(6_000 - 4_399);
     assert_eq!(harness.drained_keys(EventKind::Expired), ["k"]);
 }
 

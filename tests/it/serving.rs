@@ -4,6 +4,7 @@
 //!
 //! Real time: paused time reaches only the test's own runtime, not the serving threads'.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use reqwest::StatusCode;
@@ -84,4 +85,81 @@ async fn connections_on_different_serving_threads_share_keys_events_and_expiry()
     let stopped = tokio::time::timeout(Duration::from_secs(20), server.shutdown()).await;
     stopped.expect("stops in time").expect("stops cleanly");
     assert!(stream.ends().await, "the stream ends at the stop");
+}
+
+/// Nanoseconds on a CPU of each of this process's threads named `ttlwheel-bulk-*`
+/// (`/proc/self/task/*/schedstat`, whose first field is that time).
+fn bulk_threads_cpu_ns() -> Vec<u64> {
+    let mut times = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").expect("/proc") {
+        let path = task.expect("a task").path();
+        let name = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+        if name.trim().starts_with("ttlwheel-bulk-") {
+            let stat = std::fs::read_to_string(path.join("schedstat")).expect("schedstat");
+            times.push(stat.split_whitespace().next().unwrap().parse().unwrap());
+        }
+    }
+    times
+}
+
+/// Must hold: a batch large enough for the bulk threads (`ttlwheel::bulk`) is applied there,
+/// every item on its own and in order, as on a serving thread: a bad item gets its own error at
+/// its place, the others are created, and sent again they are renewed; and every item of a
+/// batch gets one deadline, the batch's arrival + TTL, however long the thread takes to apply
+/// it (the expiry guard counts a partition's keys by the second they fall due).
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_batch_is_applied_on_a_bulk_thread_item_by_item_in_order() {
+    let placement = Placement::per_core(2).expect("serving threads start");
+    let server = TestServer::with_placement(Config::ephemeral(), placement).await;
+    let items: Vec<serde_json::Value> = (0..1000)
+        .map(|i| match i {
+            10 => json!({"key": "k/with/a/slash?", "ttl_s": 60, "extra": 1}),
+            500 => json!({"key": format!("big-{i:04}"), "ttl_s": -5}),
+            _ => json!({"key": format!("big-{i:04}"), "ttl_s": 60}),
+        })
+        .collect();
+    let body = json!({ "heartbeats": items });
+    assert!(serde_json::to_vec(&body).unwrap().len() > 8 * 1024);
+    let before: u64 = bulk_threads_cpu_ns().iter().sum();
+    let client = own_connection();
+    for round in ["created", "renewed"] {
+        let response = client
+            .post(server.url("/v1/heartbeats/batch"))
+            .json(&body)
+            .send()
+            .await
+            .expect("sent");
+        let (status, answer) = json_of(response).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        let results = answer["results"].as_array().expect("results");
+        assert_eq!(results.len(), 1000);
+        let deadlines: BTreeSet<&str> = (results.iter())
+            .filter_map(|result| result["expires_at"].as_str())
+            .collect();
+        assert_eq!(deadlines.len(), 1, "{round}: one deadline: {deadlines:?}");
+        for (i, result) in results.iter().enumerate() {
+            match i {
+                10 => assert_eq!(result["error"]["code"], "invalid_json", "{result}"),
+                500 => assert_eq!(result["error"]["code"], "invalid_ttl", "{result}"),
+                _ => {
+                    assert_eq!(result["key"], format!("big-{i:04}"), "{round}: in order");
+                    assert_eq!(result["created"], round == "created", "{round}: {result}");
+                }
+            }
+        }
+    }
+    let (status, _) = server.get("/v1/keys/big-0999").await;
+    assert_eq!(status, StatusCode::OK);
+    let threads = bulk_threads_cpu_ns();
+    assert!(
+        threads.len() >= 2,
+        "a bulk thread per serving thread: {threads:?}"
+    );
+    let after: u64 = threads.iter().sum();
+    assert!(
+        after > before,
+        "the bulk threads did the work: {before} ns on a CPU before, {after} after"
+    );
+    drop(server);
 }

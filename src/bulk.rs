@@ -1,0 +1,188 @@
+//! Bulk work, off the serving threads: a large batch is parsed and applied on a thread of its
+//! own that runs at a lower scheduling priority (nice [`BULK_NICE`]), so that single heartbeats
+//! never wait behind it (issue 27, part 3).
+//!
+//! Why threads and not tasks: a serving thread is one event loop (`placement`). With batches
+//! applied on it, 64 items at a time between yields, a single heartbeat on the same thread
+//! waited for the loop to come round and, on a busy machine, for the kernel to give the loop
+//! its core back: during a 1M-key batch registration on 2 cores, singles measured p50 1.3-2.1
+//! ms and p99 6.4-18 ms (BENCHMARKS.md, "Single heartbeats beside bulk threads"). Smaller
+//! chunks helped little (p99 5.1-10.3 ms with 16 items): the loop was runnable but not running.
+//! A serving thread that only reads requests, applies small ones and writes answers sleeps most
+//! of the time, and the kernel runs a thread that wakes at normal priority ahead of a running
+//! one of lower priority.
+//!
+//! Invariants: every job sent runs once, whole, on one bulk thread, with the sender's runtime
+//! entered (tokio's clock, paused or not, and its handles work in it); its result goes back to
+//! the sender (one that gave up drops it); a job that panics loses only its result; dropping
+//! [`Bulk`] lets the threads finish the jobs already queued, then stop.
+
+use std::io;
+use std::panic::AssertUnwindSafe;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+
+/// The bulk threads' nice value: below the serving threads' 0, so a serving thread that wakes
+/// runs first; not so far below that bulk work starves while singles arrive (the kernel gives a
+/// nice-5 thread about a third of a nice-0 one's share of a contended core).
+pub const BULK_NICE: i32 = 5;
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Threads that run bulk jobs. See the module documentation.
+pub struct Bulk {
+    jobs: Option<mpsc::Sender<Job>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Bulk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bulk")
+            .field("threads", &self.threads.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Bulk {
+    /// Starts `threads` bulk threads (at least one), named `ttlwheel-bulk-N`.
+    pub fn start(threads: usize) -> io::Result<Self> {
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let queue = Arc::new(Mutex::new(queue));
+        let threads = (0..threads.max(1))
+            .map(|index| {
+                let queue = Arc::clone(&queue);
+                std::thread::Builder::new()
+                    .name(format!("ttlwheel-bulk-{index}"))
+                    .spawn(move || run_jobs(&queue))
+            })
+            .collect::<io::Result<Vec<_>>>()?;
+        Ok(Self {
+            jobs: Some(jobs),
+            threads,
+        })
+    }
+
+    /// Runs `job` on a bulk thread; its result, or `None` if it panicked or the threads have
+    /// stopped.
+    pub async fn run<T: Send + 'static>(
+        &self,
+        job: impl FnOnce() -> T + Send + 'static,
+    ) -> Option<T> {
+        let (done, result) = oneshot::channel();
+        let runtime = tokio::runtime::Handle::current();
+        let job: Job = Box::new(move || {
+            let _entered = runtime.enter();
+            if let Ok(value) = std::panic::catch_unwind(AssertUnwindSafe(job)) {
+                let _ = done.send(value);
+            }
+        });
+        self.jobs.as_ref()?.send(job).ok()?;
+        result.await.ok()
+    }
+}
+
+impl Drop for Bulk {
+    /// Closes the queue and waits for the threads to finish what it holds.
+    fn drop(&mut self) {
+        self.jobs = None;
+        for thread in self.threads.drain(..) {
+            if thread.thread().id() != std::thread::current().id() {
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+/// A bulk thread: lowers its own priority, then runs jobs until the queue closes.
+fn run_jobs(queue: &Mutex<mpsc::Receiver<Job>>) {
+    lower_priority();
+    loop {
+        let job = queue.lock().recv();
+        match job {
+            Ok(job) => job(),
+            Err(_) => return,
+        }
+    }
+}
+
+/// Sets this thread's nice value to [`BULK_NICE`]. On Linux the nice value is a thread's own
+/// (`setpriority(2)`, NOTES: it is named by the thread id), and raising it needs no privilege;
+/// where it fails the thread runs at normal priority, as the serving threads do.
+fn lower_priority() {
+    let this_thread = Some(rustix::thread::gettid());
+    if let Err(error) = rustix::process::setpriority_process(this_thread, BULK_NICE) {
+        tracing::debug!(%error, "a bulk thread runs at normal priority");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A job sees its sender's tokio clock, paused and moved on here: the batch code takes
+    /// `tokio::time::Instant::now()` for each chunk, and deadlines live on that clock.
+    #[tokio::test(start_paused = true)]
+    async fn a_job_runs_on_a_bulk_thread_with_the_senders_clock() {
+        let bulk = Bulk::start(2).unwrap();
+        tokio::time::advance(Duration::from_secs(3_600)).await;
+        let here = tokio::time::Instant::now();
+        let (there, thread) = bulk
+            .run(|| {
+                let name = std::thread::current().name().map(str::to_owned);
+                (tokio::time::Instant::now(), name)
+            })
+            .await
+            .expect("its result");
+        assert_eq!(there, here, "the paused clock, not the wall's");
+        assert!(thread.is_some_and(|name| name.starts_with("ttlwheel-bulk-")));
+    }
+
+    /// The threads run below normal priority (the caller's is untouched), and a job that
+    /// panics loses only its result.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn bulk_threads_run_at_a_lower_priority_and_survive_a_panicking_job() {
+        let nice = || rustix::process::getpriority_process(Some(rustix::thread::gettid()));
+        let mine = nice().unwrap();
+        let bulk = Bulk::start(1).unwrap();
+        let panicked: Option<()> = bulk.run(|| panic!("a job that fails")).await;
+        assert_eq!(panicked, None);
+        let theirs = bulk.run(move || nice().unwrap()).await;
+        assert_eq!(theirs, Some(BULK_NICE), "the same thread, still running");
+        assert_eq!(nice().unwrap(), mine);
+    }
+
+    /// Dropping the pool finishes the jobs already queued.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dropping_the_pool_finishes_the_queued_jobs_and_stops_the_threads() {
+        let bulk = Bulk::start(1).unwrap();
+        let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let pending: Vec<_> = (0..10)
+            .map(|_| {
+                let ran = Arc::clone(&ran);
+                let job = move || {
+                    std::thread::sleep(Duration::from_millis(5));
+                    ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                };
+                let (done, result) = oneshot::channel();
+                let job: Job = Box::new(move || {
+                    job();
+                    let _ = done.send(());
+                });
+                bulk.jobs.as_ref().unwrap().send(job).unwrap();
+                result
+            })
+            .collect();
+        drop(bulk);
+        assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 10);
+        for result in pending {
+            assert!(result.await.is_ok());
+        }
+    }
+}

@@ -99,7 +99,7 @@ impl Drop for Bulk {
 
 /// A bulk thread: lowers its own priority, then runs jobs until the queue closes.
 fn run_jobs(queue: &Mutex<mpsc::Receiver<Job>>) {
-    lower_priority();
+    lower_priority(BULK_NICE);
     loop {
         let job = queue.lock().recv();
         match job {
@@ -109,13 +109,14 @@ fn run_jobs(queue: &Mutex<mpsc::Receiver<Job>>) {
     }
 }
 
-/// Sets this thread's nice value to [`BULK_NICE`]. On Linux the nice value is a thread's own
-/// (`setpriority(2)`, NOTES: it is named by the thread id), and raising it needs no privilege;
-/// where it fails the thread runs at normal priority, as the serving threads do.
-fn lower_priority() {
+/// Sets this thread's nice value to `nice` (bulk threads: [`BULK_NICE`]; the snapshot writer
+/// too). On Linux the nice value is a thread's own (`setpriority(2)`, NOTES: it is named by the
+/// thread id), and raising it needs no privilege; where it fails the thread runs at normal
+/// priority, as the serving threads do.
+pub fn lower_priority(nice: i32) {
     let this_thread = Some(rustix::thread::gettid());
-    if let Err(error) = rustix::process::setpriority_process(this_thread, BULK_NICE) {
-        tracing::debug!(%error, "a bulk thread runs at normal priority");
+    if let Err(error) = rustix::process::setpriority_process(this_thread, nice) {
+        tracing::debug!(%error, "a background thread runs at normal priority");
     }
 }
 

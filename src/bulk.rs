@@ -100,7 +100,7 @@ impl Drop for Bulk {
     }
 }
 
-/// A bulk thread: lowers its own priority, then runs jobs until the queue closes.
+/// A bulk thread: sets its priority to [`BULK_NICE`], then runs jobs until the queue closes.
 fn run_jobs(queue: &Mutex<mpsc::Receiver<Job>>) {
     lower_priority(BULK_NICE);
     loop {
@@ -129,8 +129,8 @@ mod tests {
 
     use super::*;
 
-    /// A job sees its sender's tokio clock, paused and moved on here: the batch code takes
-    /// `tokio::time::Instant::now()` for each chunk, and deadlines live on that clock.
+    /// A job sees its sender's tokio clock, paused and moved on here: deadlines live on that
+    /// clock, whichever thread reads it.
     #[tokio::test(start_paused = true)]
     async fn a_job_runs_on_a_bulk_thread_with_the_senders_clock() {
         let bulk = Bulk::start(2).unwrap();

@@ -5,8 +5,8 @@
 //!   runtime and hands each connection, round robin, to one serving thread, which serves it for
 //!   its whole life. The ticker (sweeps, the stall watchdog, snapshots) gets a thread of its own.
 //!   The caller's runtime keeps everything else: accepting, webhook delivery, the stream feed,
-//!   reloads. Large batches are applied on `N` bulk threads at a lower priority ([`Bulk`]), so
-//!   that the serving threads stay free for single heartbeats.
+//!   reloads. Large batches are applied on `N` bulk threads ([`Bulk`]), so that the serving
+//!   threads' event loops stay free for single heartbeats.
 //! - **Shared** ([`Placement::shared`], `--serving shared`, and every in-process embedding, the
 //!   tests included): everything runs on the caller's runtime, so paused time reaches it all;
 //!   batches too, in chunks between yields.

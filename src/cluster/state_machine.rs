@@ -18,7 +18,8 @@
 //!
 //! Events carry their log id (`n << 16 | i`), which webhooks use as their `webhook-id`.
 //! `Webhooks` entries are the leader's delivery reports: every other member's notifier drops
-//! what they name (`notify::replicated`); the leader that wrote them skips them. A snapshot
+//! what they name (`notify::replicated`); the leader that wrote them skips them, but for the
+//! dead letters they file: every member files those, numbered `n << 16 | i` alike. A snapshot
 //! holds the notifier's held events and dead letters after the keys, and loading one replaces
 //! them. Events of entries re-applied after a restart are published again (at least once,
 //! same ids). SSE ids are the same places (`stream::log_ids`); loading a snapshot tells the
@@ -161,10 +162,9 @@ impl StateMachine {
                 keys.len()
             }
             EntryPayload::Normal(Command::Webhooks(reports)) => {
-                // The leader that sent them has settled them already.
-                if self.signals.leading_term() != term {
-                    self.webhooks.apply(&reports, now);
-                }
+                // The leader that sent them has settled them already, but for its dead letters.
+                let by_this_member = self.signals.leading_term() == term;
+                (self.webhooks).apply(&reports, log_index, by_this_member, now);
                 reports.len()
             }
             EntryPayload::Normal(Command::Checkpoint(items)) => {

@@ -65,8 +65,8 @@ fn take_consistency(request: &mut Request) -> Result<Consistency, ApiError> {
 
 /// Whether a request for `method` on `path` must be served by the leader.
 fn needs_leader(method: &Method, path: &str, consistency: Consistency) -> bool {
-    // Dead letters are numbered by the member that filed them: the leader's, which it
-    // delivers and re-sends, are the ones to read and retry.
+    // Dead letters: the leader's are the current ones (a follower's trail by the reports it
+    // has not applied yet); their ids are the same on every member.
     let keyed = path.starts_with("/v1/keys")
         || path == "/v1/services"
         || path.starts_with("/v1/webhooks/dead-letters");

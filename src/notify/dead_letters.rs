@@ -3,6 +3,12 @@
 //! Bounded: at most `max` letters, the newest kept. Each letter dropped to make room is counted
 //! in `dropped`, which `GET /v1/webhooks/dead-letters` reports. Ids increase with each letter
 //! and are never reused within a run, so a page cursor is simply the last id seen.
+//!
+//! Where ids come from: a single node counts (1, 2, ...; counted again after a restart, past
+//! those a snapshot kept). A cluster member files every letter with the id its log gives it
+//! ([`letter_id`]: the report's entry and place in it), so one letter has one id on every
+//! member, before and after a failover, and an operator's retry forwarded to the leader names
+//! the letter it named where it was listed.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -23,6 +29,14 @@ pub struct DeadLetter {
     pub last_error: String,
     /// Unix ms.
     pub failed_at_ms: u64,
+}
+
+/// The id a cluster gives the dead letter filed by report `place` of the entry at
+/// `log_index`: the same on every member, increasing with the log, and below 2^53 for the
+/// first 2^37 entries, so JSON readers keep it exact. A leader proposes at most 1,024 reports
+/// an entry (`cluster::leadership`), far inside the 16 bits a place has.
+pub fn letter_id(log_index: u64, place: usize) -> u64 {
+    (log_index << 16) | (place as u64 & 0xffff)
 }
 
 /// A letter to file: everything but the id.
@@ -93,6 +107,30 @@ impl DeadLetters {
             inner.dropped += 1;
         }
         id
+    }
+
+    /// Files a letter under `id` (a cluster's, or one a snapshot kept), in id order; a letter
+    /// already under `id` is replaced. Later [`DeadLetters::file`]s count on past it.
+    pub fn file_numbered(&self, id: u64, letter: NewLetter) {
+        let mut inner = self.inner.lock();
+        inner.next_id = inner.next_id.max(id.saturating_add(1));
+        let letter = DeadLetter {
+            id,
+            endpoint: letter.endpoint,
+            message: letter.message,
+            attempts: letter.attempts,
+            last_error: letter.last_error,
+            failed_at_ms: letter.failed_at_ms,
+        };
+        let at = inner.letters.partition_point(|l| l.id < id);
+        match inner.letters.get_mut(at) {
+            Some(same) if same.id == id => *same = letter,
+            _ => inner.letters.insert(at, letter),
+        }
+        while inner.letters.len() > self.max {
+            inner.letters.pop_front();
+            inner.dropped += 1;
+        }
     }
 
     /// Up to `limit` letters with ids above `after`, oldest first.
@@ -201,5 +239,29 @@ mod tests {
         let ids: Vec<u64> = store.page(None, 10).letters.iter().map(|l| l.id).collect();
         assert_eq!(ids, [1, 2, 3, 4, 5]);
         assert_eq!(store.page(Some(5), 10).letters.len(), 0);
+    }
+
+    #[test]
+    fn numbered_letters_keep_their_ids_in_order_and_counting_goes_on_past_them() {
+        let store = DeadLetters::new(3);
+        store.file_numbered(letter_id(9, 1), letter(1));
+        store.file_numbered(letter_id(7, 0), letter(2));
+        store.file_numbered(letter_id(9, 1), letter(3));
+        let page = store.page(None, 10);
+        let ids: Vec<u64> = page.letters.iter().map(|l| l.id).collect();
+        assert_eq!(ids, [7 << 16, (9 << 16) | 1], "in id order, one per id");
+        assert_eq!(
+            &*page.letters[1].message.id, "msg_3",
+            "the later filing replaced it"
+        );
+        assert_eq!(store.file(letter(4)), ((9 << 16) | 1) + 1);
+        store.file_numbered(letter_id(10, 0), letter(5));
+        let ids: Vec<u64> = store.page(None, 10).letters.iter().map(|l| l.id).collect();
+        assert_eq!(
+            ids,
+            [(9 << 16) | 1, (9 << 16) | 2, 10 << 16],
+            "the oldest dropped"
+        );
+        assert_eq!(store.page(None, 0).dropped, 1);
     }
 }

@@ -122,20 +122,69 @@ struct State {
     last_delivered_at_ms: Option<u64>,
     /// Events another member settled before they reached this outbox.
     tombstones: Tombstones,
+    /// A cluster sender's events given up on, until their report is applied (see
+    /// [`GivenUp`]).
+    given_up: GivenUp,
+}
+
+/// Events a cluster's sender gave up on, by `webhook-id`, kept until the log applies the
+/// report that says so: only then is each filed as a dead letter, under the id its entry gives
+/// it (`dead_letters::letter_id`), as on every other member. Held at most `max` (the reports
+/// waiting for a proposal are bounded alike, `replicated::MAX_HELD_REPORTS`); a snapshot
+/// keeps them as held events, so that the report, applied after a restart, still finds them.
+#[derive(Debug, Default)]
+struct GivenUp {
+    by_id: HashMap<Box<str>, (Arc<Message>, u32)>,
+    order: std::collections::VecDeque<Box<str>>,
+    max: usize,
+}
+
+impl GivenUp {
+    fn insert(&mut self, message: Arc<Message>, attempts: u32) {
+        let id: Box<str> = message.id.clone();
+        if self.by_id.insert(id.clone(), (message, attempts)).is_none() {
+            self.order.push_back(id);
+        }
+        while self.order.len() > self.max {
+            if let Some(oldest) = self.order.pop_front() {
+                self.by_id.remove(&oldest);
+            }
+        }
+    }
+
+    fn take(&mut self, id: &str) -> Option<Arc<Message>> {
+        if self.by_id.is_empty() {
+            return None;
+        }
+        let (message, _) = self.by_id.remove(id)?;
+        self.order.retain(|waiting| &**waiting != id);
+        Some(message)
+    }
+
+    /// In the order they were given up.
+    fn held(&self) -> impl Iterator<Item = &(Arc<Message>, u32)> {
+        self.order.iter().filter_map(|id| self.by_id.get(id))
+    }
+
+    fn clear(&mut self) {
+        self.by_id.clear();
+        self.order.clear();
+    }
 }
 
 /// Reports of events settled elsewhere whose event has not arrived here yet (see
 /// `notify::replicated`), by `webhook-id`; at most `max`, the oldest forgotten first.
 #[derive(Debug, Default)]
 struct Tombstones {
-    by_id: HashMap<Box<str>, Settlement>,
+    /// The settlement, and the id a dead letter it files takes.
+    by_id: HashMap<Box<str>, (Settlement, u64)>,
     order: std::collections::VecDeque<Box<str>>,
     max: usize,
 }
 
 impl Tombstones {
-    fn insert(&mut self, id: &str, how: Settlement) {
-        if self.by_id.insert(id.into(), how).is_none() {
+    fn insert(&mut self, id: &str, how: Settlement, letter_id: u64) {
+        if self.by_id.insert(id.into(), (how, letter_id)).is_none() {
             self.order.push_back(id.into());
         }
         while self.order.len() > self.max {
@@ -146,7 +195,7 @@ impl Tombstones {
     }
 
     /// The settlement waiting for event `id`, taken.
-    fn take(&mut self, id: &str) -> Option<Settlement> {
+    fn take(&mut self, id: &str) -> Option<(Settlement, u64)> {
         if self.by_id.is_empty() {
             return None;
         }
@@ -190,6 +239,10 @@ impl Endpoint {
                     max: queue_max,
                     ..Tombstones::default()
                 },
+                given_up: GivenUp {
+                    max: super::replicated::MAX_HELD_REPORTS,
+                    ..GivenUp::default()
+                },
             }),
             wake: Notify::new(),
         }
@@ -212,11 +265,9 @@ impl Endpoint {
         let mut state = self.state.lock();
         let mut records = Vec::new();
         for message in messages {
-            if let Some(how) = state.tombstones.take(&message.id) {
+            if let Some((how, letter_id)) = state.tombstones.take(&message.id) {
                 // Another member settled it already (a cluster's sender).
-                if let Settlement::DeadLettered { .. } = how {
-                    self.file_settled(dead_letters, Arc::clone(message), &how);
-                }
+                self.file_settled(dead_letters, Arc::clone(message), &how, letter_id);
             } else if state.gone {
                 state.counters.dropped_gone += 1;
             } else if state.outbox.push(Arc::clone(message), 0, now).is_ok() {
@@ -255,14 +306,20 @@ impl Endpoint {
         }
     }
 
-    /// The records that rebuild this URL's queue: every held event, in arrival order.
+    /// The records that rebuild this URL's queue: every held event, in arrival order, then
+    /// those given up on whose report the log has not applied yet (held until it does).
     pub(super) fn durable_records(&self) -> Vec<Record> {
         let state = self.state.lock();
-        state
-            .outbox
+        let held = state.outbox.held();
+        let held = held
+            .iter()
+            .map(|pending| (&pending.message, pending.attempts));
+        let given_up = state
+            .given_up
             .held()
-            .into_iter()
-            .map(|pending| Record::WebhookQueued(self.logged(&pending.message, pending.attempts)))
+            .map(|(message, attempts)| (message, *attempts));
+        held.chain(given_up)
+            .map(|(message, attempts)| Record::WebhookQueued(self.logged(message, attempts)))
             .collect()
     }
 
@@ -491,6 +548,11 @@ impl Endpoint {
         state.counters.failed += given_up.len() as u64;
         if let Some(replication) = &delivery.replication {
             replication.settled(self.reports(&job, delivered, &given_up, now_ms));
+            // Filed when the report is applied, under the id the log gives it, as on every
+            // member; kept here meanwhile (under the lock the report's applying takes).
+            for (pending, _) in given_up.drain(..) {
+                state.given_up.insert(pending.message, pending.attempts);
+            }
         }
         if let Some(journal) = delivery.journal.get() {
             let mut records = Vec::with_capacity(given_up.len() + job.messages.len());
@@ -502,6 +564,7 @@ impl Endpoint {
             }
             for (pending, last_error) in &given_up {
                 records.push(Record::DeadLetter {
+                    letter_id: None,
                     message: self.logged(&pending.message, pending.attempts),
                     last_error: last_error.clone(),
                     failed_at_unix_ms: now_ms,
@@ -562,17 +625,30 @@ impl Endpoint {
         reports
     }
 
-    /// Applies what another member settled (see `notify::replicated`): each event leaves the
-    /// outbox, becomes a dead letter, or comes back from the dead letters; an event not here
-    /// yet is met by a tombstone when it arrives.
+    /// Applies settled reports, each with the id a dead letter it files takes (see
+    /// `notify::replicated`): an event this member gave up on becomes its dead letter (or
+    /// just leaves, if a later sender delivered it). The rest only from another member
+    /// (`by_this_member` false: the sender settled them as it sent them): each event leaves
+    /// the outbox, becomes a dead letter, or comes back from the dead letters; an event not
+    /// here yet is met by a tombstone when it arrives.
     pub(super) fn apply_settled<'a>(
         &self,
-        reports: impl Iterator<Item = &'a Settled>,
+        reports: impl Iterator<Item = (u64, &'a Settled)>,
+        by_this_member: bool,
         dead_letters: &DeadLetters,
         now: Instant,
     ) {
         let mut state = self.state.lock();
-        for report in reports {
+        for (letter_id, report) in reports {
+            if report.how != Settlement::Requeued {
+                if let Some(message) = state.given_up.take(&report.id) {
+                    self.file_settled(dead_letters, message, &report.how, letter_id);
+                    continue;
+                }
+            }
+            if by_this_member {
+                continue;
+            }
             if report.how == Settlement::Requeued {
                 if let Some(letter) = dead_letters.take_message(&report.id) {
                     // Room was made for it on the sender; here too it fits or is counted.
@@ -583,29 +659,38 @@ impl Endpoint {
                 continue;
             }
             match state.outbox.remove_held(&report.key, &report.id) {
-                Some(pending) => self.file_settled(dead_letters, pending.message, &report.how),
-                None => state.tombstones.insert(&report.id, report.how.clone()),
+                Some(pending) => {
+                    self.file_settled(dead_letters, pending.message, &report.how, letter_id);
+                }
+                None => (state.tombstones).insert(&report.id, report.how.clone(), letter_id),
             }
         }
         drop(state);
         self.wake.notify_one();
     }
 
-    /// Files `message` as the dead letter another member filed, if it was one.
-    fn file_settled(&self, dead_letters: &DeadLetters, message: Arc<Message>, how: &Settlement) {
+    /// Files `message` as dead letter `letter_id`, if `how` settled it as one.
+    fn file_settled(
+        &self,
+        dead_letters: &DeadLetters,
+        message: Arc<Message>,
+        how: &Settlement,
+        letter_id: u64,
+    ) {
         if let Settlement::DeadLettered {
             attempts,
             last_error,
             failed_at_unix_ms,
         } = how
         {
-            dead_letters.file(NewLetter {
+            let letter = NewLetter {
                 endpoint: self.index,
                 message,
                 attempts: *attempts,
                 last_error: last_error.clone(),
                 failed_at_ms: *failed_at_unix_ms,
-            });
+            };
+            dead_letters.file_numbered(letter_id, letter);
         }
     }
 
@@ -614,6 +699,7 @@ impl Endpoint {
         let mut state = self.state.lock();
         state.outbox.clear_idle();
         state.tombstones.clear();
+        state.given_up.clear();
     }
 
     fn note_failure(&self, state: &mut State, job: &Job, error: &str, now_ms: u64) {

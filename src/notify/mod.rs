@@ -231,6 +231,7 @@ impl Notifier {
             let page = self.dead_letters.page(cursor, 1024);
             for letter in &page.letters {
                 records.push(Record::DeadLetter {
+                    letter_id: Some(letter.id),
                     message: WebhookMessage {
                         url: self.shown_url(letter.endpoint).to_owned(),
                         id: letter.message.id.to_string(),
@@ -275,13 +276,17 @@ impl Notifier {
         for letter in letters {
             match endpoint_of(&letter.message.url) {
                 Some(endpoint) => {
-                    self.dead_letters.file(NewLetter {
+                    let new = NewLetter {
                         endpoint,
                         message: message_of(&letter.message),
                         attempts: letter.message.attempts,
                         last_error: letter.last_error,
                         failed_at_ms: letter.failed_at_unix_ms,
-                    });
+                    };
+                    match letter.letter_id {
+                        Some(id) => self.dead_letters.file_numbered(id, new),
+                        None => drop(self.dead_letters.file(new)),
+                    }
                 }
                 None => unknown += 1,
             }
@@ -365,13 +370,20 @@ impl Notifier {
         }
     }
 
-    /// Applies what another member of the cluster settled (see [`replicated`]).
-    pub fn apply_settled(&self, reports: &[Settled], now: Instant) {
+    /// Applies the settled reports of the log entry at `log_index` (see [`replicated`]);
+    /// `by_this_member` when this member sent them, in its term as leader.
+    pub fn apply_settled(
+        &self,
+        reports: &[Settled],
+        log_index: u64,
+        by_this_member: bool,
+        now: Instant,
+    ) {
         for endpoint in self.endpoints.iter() {
-            let mine = reports
-                .iter()
-                .filter(|report| report.endpoint == endpoint.position());
-            endpoint.apply_settled(mine, &self.dead_letters, now);
+            let mine = (reports.iter().enumerate())
+                .filter(|(_, report)| report.endpoint == endpoint.position())
+                .map(|(place, report)| (dead_letters::letter_id(log_index, place), report));
+            endpoint.apply_settled(mine, by_this_member, &self.dead_letters, now);
         }
     }
 

@@ -6,7 +6,8 @@
 //! (delivered, dead-lettered, a dead letter queued again) it reports here
 //! ([`Replication::settled`]), the leader proposes those reports through the log each lease
 //! tick ([`Replication::take_settled`]), and every other member applies them
-//! ([`Replication::apply`]): the event leaves its outbox, or becomes the same dead letter. So
+//! ([`Replication::apply`]): the event leaves its outbox, or becomes the same dead letter,
+//! under the same id (its report's log place: the sender files its own letters only then). So
 //! a receiver gets each event once in the normal case; after a failover the new leader sends
 //! what it still holds, which is what was not reported settled, under the same ids (at least
 //! once, never two ids for one event).
@@ -15,7 +16,10 @@
 //! - A member sends only while [`Replication::is_delivering`]; the lease task turns it on for
 //!   a promoted leader that may serve and off otherwise.
 //! - A report applies at most once per member and never to an event in flight there (only the
-//!   sender has one in flight, and it skips the entries of its own term).
+//!   sender has one in flight, and it skips the entries of its own term, but for filing the
+//!   dead letters it gave up on).
+//! - A dead letter has one id on every member: `dead_letters::letter_id` of its report's
+//!   entry and place, kept in snapshots.
 //! - A report may be applied before its event reached the outbox (the events travel through the
 //!   registry's bus, a queue the notifier drains on its own task): it is then kept as a
 //!   *tombstone* the event meets when it arrives (`notify::endpoint`). Tombstones are bounded
@@ -130,11 +134,13 @@ impl Replication {
         *held = reports;
     }
 
-    /// Applies reports another member proposed: each event leaves this member's outbox (or
-    /// becomes a dead letter, or leaves the dead letters again).
-    pub fn apply(&self, reports: &[Settled], now: Instant) {
+    /// Applies the reports of the entry at `log_index`: each event leaves this member's
+    /// outbox (or becomes a dead letter, or leaves the dead letters again). The leader that
+    /// proposed them (`by_this_member`) settled them as it sent them, but for the dead
+    /// letters: every member files those now, numbered by the entry.
+    pub fn apply(&self, reports: &[Settled], log_index: u64, by_this_member: bool, now: Instant) {
         if let Some(notifier) = self.notifier() {
-            notifier.apply_settled(reports, now);
+            notifier.apply_settled(reports, log_index, by_this_member, now);
         }
     }
 

@@ -79,8 +79,12 @@ pub enum Record {
     /// The event left that URL's queue: delivered, or filed as a dead letter (the next
     /// record then says so).
     WebhookDone { url: String, id: String },
-    /// A dead letter: an event that could not be delivered to a URL.
+    /// A dead letter: an event that could not be delivered to a URL. `letter_id` is the id
+    /// the API shows for it, when it must survive the record (a cluster numbers a letter by
+    /// the log place of the report that filed it, the same on every member); `None` (a single
+    /// node's log) numbers it again at recovery.
     DeadLetter {
+        letter_id: Option<u64>,
         message: WebhookMessage,
         last_error: String,
         failed_at_unix_ms: u64,
@@ -123,6 +127,8 @@ const WEBHOOK_QUEUED: u8 = 16;
 const WEBHOOK_DONE: u8 = 17;
 const DEAD_LETTER: u8 = 18;
 const DEAD_LETTER_TAKEN: u8 = 19;
+/// A dead letter with its id (`DEAD_LETTER` has none: logs written before ids were kept).
+const DEAD_LETTER_NUMBERED: u8 = 20;
 
 const EXPIRY_NEVER: u8 = 0;
 const EXPIRY_RELATIVE: u8 = 1;
@@ -184,11 +190,18 @@ impl Record {
                 put_text(out, id);
             }
             Self::DeadLetter {
+                letter_id,
                 message,
                 last_error,
                 failed_at_unix_ms,
             } => {
-                out.push(DEAD_LETTER);
+                match letter_id {
+                    Some(id) => {
+                        out.push(DEAD_LETTER_NUMBERED);
+                        put_varint(out, *id);
+                    }
+                    None => out.push(DEAD_LETTER),
+                }
                 put_message(out, message);
                 put_text(out, last_error);
                 put_varint(out, *failed_at_unix_ms);
@@ -243,6 +256,13 @@ impl Record {
                 id: reader.text()?.to_owned(),
             },
             DEAD_LETTER => Self::DeadLetter {
+                letter_id: None,
+                message: reader.message()?,
+                last_error: reader.text()?.to_owned(),
+                failed_at_unix_ms: reader.varint()?,
+            },
+            DEAD_LETTER_NUMBERED => Self::DeadLetter {
+                letter_id: Some(reader.varint()?),
                 message: reader.message()?,
                 last_error: reader.text()?.to_owned(),
                 failed_at_unix_ms: reader.varint()?,
@@ -523,13 +543,20 @@ mod tests {
                     expired_unix_ms: at,
                 })
             ),
-            (message(), "[ -~]{0,40}", any::<u64>()).prop_map(|(message, last_error, at)| {
-                Record::DeadLetter {
-                    message,
-                    last_error,
-                    failed_at_unix_ms: at,
-                }
-            }),
+            (
+                proptest::option::of(any::<u64>()),
+                message(),
+                "[ -~]{0,40}",
+                any::<u64>()
+            )
+                .prop_map(|(letter_id, message, last_error, at)| {
+                    Record::DeadLetter {
+                        letter_id,
+                        message,
+                        last_error,
+                        failed_at_unix_ms: at,
+                    }
+                }),
             message().prop_map(Record::WebhookQueued),
             ("[a-z:/.0-9]{1,30}", "msg_[0-9a-f]{22}")
                 .prop_map(|(url, id)| Record::WebhookDone { url, id }),

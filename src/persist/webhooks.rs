@@ -13,6 +13,8 @@ use super::record::{Record, WebhookMessage};
 /// A dead letter read back.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Letter {
+    /// Its id, if the record kept one (see `Record::DeadLetter`).
+    pub letter_id: Option<u64>,
     pub message: WebhookMessage,
     pub last_error: String,
     pub failed_at_unix_ms: u64,
@@ -44,6 +46,7 @@ impl WebhookReplay {
             }
             Record::WebhookDone { url, id } => self.unhold(&url, &id),
             Record::DeadLetter {
+                letter_id,
                 message,
                 last_error,
                 failed_at_unix_ms,
@@ -53,6 +56,7 @@ impl WebhookReplay {
                     self.letters.remove(&earlier);
                 }
                 let letter = Letter {
+                    letter_id,
                     message,
                     last_error,
                     failed_at_unix_ms,
@@ -126,12 +130,14 @@ mod tests {
             Record::WebhookQueued(message("a", "m3")),
             done("a", "m1"),
             Record::DeadLetter {
+                letter_id: Some(7 << 16),
                 message: message("a", "m2"),
                 last_error: "HTTP 500".into(),
                 failed_at_unix_ms: 9,
             },
             Record::WebhookQueued(message("a", "m4")),
             Record::DeadLetter {
+                letter_id: None,
                 message: message("b", "m5"),
                 last_error: "timeout".into(),
                 failed_at_unix_ms: 10,
@@ -151,5 +157,10 @@ mod tests {
         assert_eq!(letters.len(), 1);
         assert_eq!(letters[0].message.id, "m2");
         assert_eq!(letters[0].last_error, "HTTP 500");
+        assert_eq!(
+            letters[0].letter_id,
+            Some(7 << 16),
+            "the id the record kept"
+        );
     }
 }

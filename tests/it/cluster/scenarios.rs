@@ -186,6 +186,14 @@ async fn three_members_elect_one_leader_and_a_write_through_a_follower_reaches_e
     let members = status["members"].as_array().expect("members");
     assert_eq!(members.len(), 3);
     assert!(members.iter().all(|member| member["voter"] == true));
+    // The initializer asked the other founders for their API addresses before it founded the
+    // cluster, so every member's is known from the first election (for `leader_api` and the
+    // leader named in forwarded answers), not filled in by a membership change a second later.
+    let founded = cluster.log_of(1);
+    let founded = (founded.iter())
+        .find(|line| line.contains("founding the cluster"))
+        .expect("member 1, the smallest id, founded the cluster");
+    assert_eq!(founded.matches("api_addr: \"http").count(), 3, "{founded}");
 }
 
 /// Must not be lost: any key acknowledged before the leader's `kill -9` or after the new

@@ -672,7 +672,8 @@ impl Shard {
         };
         if let Some(ordered) = &mut self.ordered {
             if gone.len() > 0 {
-                ordered.remove_all(&gone, &services);
+                let slots = &self.slots;
+                ordered.remove_all(&gone, &services, |slot| &slots.entry(slot).key);
             }
         }
         gone.clear();

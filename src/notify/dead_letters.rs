@@ -49,12 +49,35 @@ pub struct NewLetter {
     pub failed_at_ms: u64,
 }
 
+impl NewLetter {
+    fn numbered(self, id: u64) -> DeadLetter {
+        DeadLetter {
+            id,
+            endpoint: self.endpoint,
+            message: self.message,
+            attempts: self.attempts,
+            last_error: self.last_error,
+            failed_at_ms: self.failed_at_ms,
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Inner {
     /// In id order, oldest first.
     letters: VecDeque<DeadLetter>,
     next_id: u64,
     dropped: u64,
+}
+
+impl Inner {
+    /// Drops the oldest letters past `max`, counting them.
+    fn keep_newest(&mut self, max: usize) {
+        while self.letters.len() > max {
+            self.letters.pop_front();
+            self.dropped += 1;
+        }
+    }
 }
 
 /// See the module documentation.
@@ -94,18 +117,8 @@ impl DeadLetters {
         let mut inner = self.inner.lock();
         let id = inner.next_id;
         inner.next_id += 1;
-        inner.letters.push_back(DeadLetter {
-            id,
-            endpoint: letter.endpoint,
-            message: letter.message,
-            attempts: letter.attempts,
-            last_error: letter.last_error,
-            failed_at_ms: letter.failed_at_ms,
-        });
-        while inner.letters.len() > self.max {
-            inner.letters.pop_front();
-            inner.dropped += 1;
-        }
+        inner.letters.push_back(letter.numbered(id));
+        inner.keep_newest(self.max);
         id
     }
 
@@ -114,23 +127,13 @@ impl DeadLetters {
     pub fn file_numbered(&self, id: u64, letter: NewLetter) {
         let mut inner = self.inner.lock();
         inner.next_id = inner.next_id.max(id.saturating_add(1));
-        let letter = DeadLetter {
-            id,
-            endpoint: letter.endpoint,
-            message: letter.message,
-            attempts: letter.attempts,
-            last_error: letter.last_error,
-            failed_at_ms: letter.failed_at_ms,
-        };
+        let letter = letter.numbered(id);
         let at = inner.letters.partition_point(|l| l.id < id);
         match inner.letters.get_mut(at) {
             Some(same) if same.id == id => *same = letter,
             _ => inner.letters.insert(at, letter),
         }
-        while inner.letters.len() > self.max {
-            inner.letters.pop_front();
-            inner.dropped += 1;
-        }
+        inner.keep_newest(self.max);
     }
 
     /// Up to `limit` letters with ids above `after`, oldest first.

@@ -12,8 +12,9 @@
 //!   and the leader named in forwarded answers are known from the first election (measured:
 //!   0.16 s after the start, against 1.1 s when the leader filled them in afterwards), and no
 //!   membership change follows the start. A founder that did not answer in time, or any member
-//!   that lacks one later, is asked by the leader, which writes the answer into the membership (openraft's
-//!   `SetNodes`, which keeps every peer address as it is: no risk of two leaders).
+//!   that lacks one later, is asked by the leader, which writes the answer into the
+//!   membership (openraft's `SetNodes`, which keeps every peer address as it is: no risk of
+//!   two leaders).
 //! - **Proposals** wait for the entry to be applied here, at most [`PROPOSE_TIMEOUT`]; past it
 //!   the caller answers 503 `no_quorum` (the entry may still commit later: the client retries,
 //!   and every record is a whole state, so a retry is harmless).

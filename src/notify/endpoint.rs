@@ -120,71 +120,37 @@ struct State {
     counters: Counters,
     last_error: Option<LastError>,
     last_delivered_at_ms: Option<u64>,
-    /// Events another member settled before they reached this outbox.
-    tombstones: Tombstones,
-    /// A cluster sender's events given up on, until their report is applied (see
-    /// [`GivenUp`]).
-    given_up: GivenUp,
+    /// Reports of events settled elsewhere whose event has not arrived here yet (see
+    /// `notify::replicated`): the settlement, and the id a dead letter it files takes.
+    tombstones: ById<(Settlement, u64)>,
+    /// A cluster sender's events given up on (with their attempts), kept until the log applies
+    /// the report that says so: only then is each filed as a dead letter, under the id its
+    /// entry gives it (`dead_letters::letter_id`), as on every other member. A snapshot keeps
+    /// them as held events, so that the report, applied after a restart, still finds them.
+    given_up: ById<(Arc<Message>, u32)>,
 }
 
-/// Events a cluster's sender gave up on, by `webhook-id`, kept until the log applies the
-/// report that says so: only then is each filed as a dead letter, under the id its entry gives
-/// it (`dead_letters::letter_id`), as on every other member. Held at most `max` (the reports
-/// waiting for a proposal are bounded alike, `replicated::MAX_HELD_REPORTS`); a snapshot
-/// keeps them as held events, so that the report, applied after a restart, still finds them.
-#[derive(Debug, Default)]
-struct GivenUp {
-    by_id: HashMap<Box<str>, (Arc<Message>, u32)>,
+/// Values by `webhook-id`, at most `max`, the oldest forgotten first (tombstones: at worst that
+/// event is sent once more after a failover; given-up events: bounded like the reports waiting
+/// for a proposal, `replicated::MAX_HELD_REPORTS`).
+#[derive(Debug)]
+struct ById<V> {
+    by_id: HashMap<Box<str>, V>,
     order: std::collections::VecDeque<Box<str>>,
     max: usize,
 }
 
-impl GivenUp {
-    fn insert(&mut self, message: Arc<Message>, attempts: u32) {
-        let id: Box<str> = message.id.clone();
-        if self.by_id.insert(id.clone(), (message, attempts)).is_none() {
-            self.order.push_back(id);
-        }
-        while self.order.len() > self.max {
-            if let Some(oldest) = self.order.pop_front() {
-                self.by_id.remove(&oldest);
-            }
+impl<V> ById<V> {
+    fn new(max: usize) -> Self {
+        Self {
+            by_id: HashMap::new(),
+            order: std::collections::VecDeque::new(),
+            max,
         }
     }
 
-    fn take(&mut self, id: &str) -> Option<Arc<Message>> {
-        if self.by_id.is_empty() {
-            return None;
-        }
-        let (message, _) = self.by_id.remove(id)?;
-        self.order.retain(|waiting| &**waiting != id);
-        Some(message)
-    }
-
-    /// In the order they were given up.
-    fn held(&self) -> impl Iterator<Item = &(Arc<Message>, u32)> {
-        self.order.iter().filter_map(|id| self.by_id.get(id))
-    }
-
-    fn clear(&mut self) {
-        self.by_id.clear();
-        self.order.clear();
-    }
-}
-
-/// Reports of events settled elsewhere whose event has not arrived here yet (see
-/// `notify::replicated`), by `webhook-id`; at most `max`, the oldest forgotten first.
-#[derive(Debug, Default)]
-struct Tombstones {
-    /// The settlement, and the id a dead letter it files takes.
-    by_id: HashMap<Box<str>, (Settlement, u64)>,
-    order: std::collections::VecDeque<Box<str>>,
-    max: usize,
-}
-
-impl Tombstones {
-    fn insert(&mut self, id: &str, how: Settlement, letter_id: u64) {
-        if self.by_id.insert(id.into(), (how, letter_id)).is_none() {
+    fn insert(&mut self, id: &str, value: V) {
+        if self.by_id.insert(id.into(), value).is_none() {
             self.order.push_back(id.into());
         }
         while self.order.len() > self.max {
@@ -194,14 +160,19 @@ impl Tombstones {
         }
     }
 
-    /// The settlement waiting for event `id`, taken.
-    fn take(&mut self, id: &str) -> Option<(Settlement, u64)> {
+    /// The value kept for `id`, taken.
+    fn take(&mut self, id: &str) -> Option<V> {
         if self.by_id.is_empty() {
             return None;
         }
-        let how = self.by_id.remove(id)?;
+        let value = self.by_id.remove(id)?;
         self.order.retain(|waiting| &**waiting != id);
-        Some(how)
+        Some(value)
+    }
+
+    /// In the order they were inserted.
+    fn values(&self) -> impl Iterator<Item = &V> {
+        self.order.iter().filter_map(|id| self.by_id.get(id))
     }
 
     fn clear(&mut self) {
@@ -235,14 +206,8 @@ impl Endpoint {
                 counters: Counters::default(),
                 last_error: None,
                 last_delivered_at_ms: None,
-                tombstones: Tombstones {
-                    max: queue_max,
-                    ..Tombstones::default()
-                },
-                given_up: GivenUp {
-                    max: super::replicated::MAX_HELD_REPORTS,
-                    ..GivenUp::default()
-                },
+                tombstones: ById::new(queue_max),
+                given_up: ById::new(super::replicated::MAX_HELD_REPORTS),
             }),
             wake: Notify::new(),
         }
@@ -316,7 +281,7 @@ impl Endpoint {
             .map(|pending| (&pending.message, pending.attempts));
         let given_up = state
             .given_up
-            .held()
+            .values()
             .map(|(message, attempts)| (message, *attempts));
         held.chain(given_up)
             .map(|(message, attempts)| Record::WebhookQueued(self.logged(message, attempts)))
@@ -551,7 +516,10 @@ impl Endpoint {
             // Filed when the report is applied, under the id the log gives it, as on every
             // member; kept here meanwhile (under the lock the report's applying takes).
             for (pending, _) in given_up.drain(..) {
-                state.given_up.insert(pending.message, pending.attempts);
+                let id = Arc::clone(&pending.message);
+                state
+                    .given_up
+                    .insert(&id.id, (pending.message, pending.attempts));
             }
         }
         if let Some(journal) = delivery.journal.get() {
@@ -641,7 +609,7 @@ impl Endpoint {
         let mut state = self.state.lock();
         for (letter_id, report) in reports {
             if report.how != Settlement::Requeued {
-                if let Some(message) = state.given_up.take(&report.id) {
+                if let Some((message, _)) = state.given_up.take(&report.id) {
                     self.file_settled(dead_letters, message, &report.how, letter_id);
                     continue;
                 }
@@ -662,7 +630,7 @@ impl Endpoint {
                 Some(pending) => {
                     self.file_settled(dead_letters, pending.message, &report.how, letter_id);
                 }
-                None => (state.tombstones).insert(&report.id, report.how.clone(), letter_id),
+                None => (state.tombstones).insert(&report.id, (report.how.clone(), letter_id)),
             }
         }
         drop(state);

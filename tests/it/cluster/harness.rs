@@ -441,11 +441,20 @@ impl Cluster {
         for member in self.members.values() {
             if let Some(process) = &member.process {
                 let log = process.log();
-                let tail = &log[log.len().saturating_sub(40)..];
+                let start = log.len().saturating_sub(40);
+                // A panic (a Raft core's, say) is often long before the tail: show it too.
+                let panics = log[..start].iter().filter(|line| line.contains("panicked"));
+                let panics: Vec<&String> = panics.take(5).collect();
+                for line in panics {
+                    out.push_str(&format!(
+                        "--- member {} panicked earlier ---\n{line}\n",
+                        member.id
+                    ));
+                }
                 out.push_str(&format!(
                     "--- member {} ---\n{}\n",
                     member.id,
-                    tail.join("\n")
+                    log[start..].join("\n")
                 ));
             }
         }

@@ -40,6 +40,7 @@ pub mod auth;
 pub mod campaign;
 pub mod forward;
 pub mod group_commit;
+pub mod identity;
 pub mod leadership;
 pub mod lease;
 pub mod log_store;

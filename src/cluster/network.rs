@@ -12,6 +12,8 @@
 //! - **Acknowledgments**: every answered request stamps, per peer, the instant it was *sent*
 //!   (taken before sending, so it only errs early) and its term: [`Contacts`], which the fence
 //!   and `GET /v1/cluster`'s `last_contact_ms` read.
+//! - **Identity**: every request names this member's cluster ([`identity::HEADER`]), once it
+//!   has an id; a member of another cluster refuses it (409 `cluster_mismatch`).
 //! - **Bodies**: JSON (openraft's types with serde; entries carry our records as base64). A
 //!   snapshot is sent whole in one request: a 4-byte length, the JSON of its vote and meta, then
 //!   the file's bytes; its timeout is its own ([`snapshot_timeout`]), not openraft's per-chunk
@@ -37,6 +39,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use super::auth::{self, PeerAuth};
+use super::identity::{self, Identity};
 use super::types::{Member, NodeId, Snapshot, SnapshotMeta, TypeConfig, Vote};
 
 /// The peer routes of the Raft RPCs.
@@ -119,6 +122,8 @@ pub struct Peers {
     routes: HashMap<NodeId, String>,
     /// Acknowledgment stamps.
     contacts: Arc<Contacts>,
+    /// The cluster every request names ([`identity::HEADER`]).
+    identity: Arc<Identity>,
 }
 
 impl Peers {
@@ -127,6 +132,7 @@ impl Peers {
         auth: PeerAuth,
         routes: HashMap<NodeId, String>,
         contacts: Arc<Contacts>,
+        identity: Arc<Identity>,
     ) -> Result<Self, reqwest::Error> {
         crate::notify::install_tls_provider();
         let client = reqwest::Client::builder()
@@ -141,7 +147,13 @@ impl Peers {
             auth,
             routes,
             contacts,
+            identity,
         })
+    }
+
+    /// The cluster this member belongs to.
+    pub fn identity(&self) -> &Identity {
+        &self.identity
     }
 
     /// The address `peer` is dialled at.
@@ -167,6 +179,9 @@ impl Peers {
             .timeout(timeout);
         if let Some(signature) = self.auth.sign("POST", path, &body, auth::unix_now()) {
             request = request.header(auth::HEADER, signature);
+        }
+        if let Some(id) = self.identity.id() {
+            request = request.header(identity::HEADER, identity::format(id));
         }
         let response = request
             .body(body)

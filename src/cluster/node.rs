@@ -39,6 +39,7 @@ use tokio::time::Instant;
 use super::auth::PeerAuth;
 use super::campaign::{self, CampaignGate, CampaignTiming};
 use super::group_commit::{GroupCommit, Written};
+use super::identity::{self, Identity};
 use super::leadership::{self, Parts};
 use super::lease::{LeaseConfig, LeaseRules};
 use super::log_store::LogStore;
@@ -390,10 +391,12 @@ impl Cluster {
             signals: Arc::clone(&signals),
             webhooks: Arc::clone(&webhooks),
         };
-        let (log, machine) = tokio::task::spawn_blocking(move || {
+        let dir = settings.dir.clone();
+        let (log, machine, identity) = tokio::task::spawn_blocking(move || {
             Ok::<_, StoreError>((
                 LogStore::open(&log_dir)?,
                 StateMachine::open(&sm_dir, machine_parts)?,
+                Arc::new(Identity::open(&dir)?),
             ))
         })
         .await
@@ -404,6 +407,7 @@ impl Cluster {
             auth.clone(),
             settings.peer_routes.clone(),
             Arc::clone(&contacts),
+            Arc::clone(&identity),
         )?);
         let network = PeerNetwork {
             peers: Arc::clone(&peers),
@@ -423,6 +427,7 @@ impl Cluster {
         let peer_state = PeerState {
             raft: raft.clone(),
             auth,
+            identity,
             api: Arc::clone(&api),
             advertise_api: settings.advertise_api.clone(),
             leader_contact: Arc::clone(&leader_contact),
@@ -528,6 +533,9 @@ impl Cluster {
         if initialized || !founder {
             return Ok(());
         }
+        // Drawn before the first request to a founder, which adopts it (`identity`).
+        let id = self.peers.identity().draw().await?;
+        tracing::info!(cluster_id = %identity::format(id), "the cluster's id");
         let mut members: BTreeMap<NodeId, Member> = settings
             .initial
             .iter()

@@ -12,7 +12,8 @@
 //! - `/raft/forward`: an API request a follower forwards to this member (the leader), served by
 //!   the API's own router with the caller's credentials ([`super::forward`]).
 //!
-//! A refused signature is a 401 with the API's JSON error shape; the body limit is the peer
+//! A refused signature is a 401 with the API's JSON error shape, a request from another
+//! cluster a 409 `cluster_mismatch` ([`super::identity`]); the body limit is the peer
 //! limit below, far above any entry batch, and a snapshot's own.
 
 use std::io::Write as _;
@@ -33,6 +34,7 @@ use tokio::time::Instant;
 use super::auth::{self, PeerAuth};
 use super::campaign::{self, PingAnswer};
 use super::forward;
+use super::identity::{self, Identity};
 use super::network::{route, SnapshotHead};
 use super::node::MemberInfo;
 use super::types::{SnapshotFile, TypeConfig};
@@ -49,6 +51,8 @@ pub struct PeerState {
     pub raft: Raft<TypeConfig>,
     /// Checks every request.
     pub auth: PeerAuth,
+    /// The cluster this member belongs to: requests from another are refused.
+    pub identity: Arc<Identity>,
     /// The API's router, for forwarded requests (set once the API is built).
     pub api: Arc<OnceLock<Router>>,
     /// This member's API address, for `/raft/info`.
@@ -105,8 +109,14 @@ fn refuse(status: StatusCode, code: &'static str, message: impl std::fmt::Displa
     refusal(status, code, message).into_response()
 }
 
-/// Checks the request's signature; the refusal to send if it does not hold.
-fn check(state: &PeerState, path: &str, headers: &HeaderMap, body: &[u8]) -> Result<(), Refusal> {
+/// Checks the request's signature, then that it comes from this member's cluster (adopting
+/// its id if this member has none: [`super::identity`]); the refusal to send if either fails.
+async fn check(
+    state: &PeerState,
+    path: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(), Refusal> {
     let header = headers
         .get(auth::HEADER)
         .and_then(|value| value.to_str().ok());
@@ -116,7 +126,26 @@ fn check(state: &PeerState, path: &str, headers: &HeaderMap, body: &[u8]) -> Res
         .map_err(|error| {
             tracing::warn!(%error, path, "a peer request was refused");
             refusal(StatusCode::UNAUTHORIZED, "peer_unauthorized", error)
-        })
+        })?;
+    let named = match headers.get(identity::HEADER) {
+        None => None,
+        Some(value) => Some(
+            (value.to_str().map_err(|error| error.to_string()))
+                .and_then(identity::parse)
+                .map_err(|error| refusal(StatusCode::BAD_REQUEST, "invalid_peer_request", error))?,
+        ),
+    };
+    state.identity.admit(named).await.map_err(|refused| {
+        tracing::error!(error = %refused, path, "a peer request was refused");
+        match refused {
+            identity::Refused::Mismatch { .. } => {
+                refusal(StatusCode::CONFLICT, "cluster_mismatch", refused)
+            }
+            identity::Refused::Store(_) => {
+                refusal(StatusCode::SERVICE_UNAVAILABLE, "storage_failed", refused)
+            }
+        }
+    })
 }
 
 fn json<T: Serialize>(value: &T) -> Response {
@@ -132,7 +161,7 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Refusal> {
 }
 
 async fn append(State(state): State<PeerState>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(refused) = check(&state, route::APPEND, &headers, &body) {
+    if let Err(refused) = check(&state, route::APPEND, &headers, &body).await {
         return refused.into_response();
     }
     match parse::<openraft::raft::AppendEntriesRequest<TypeConfig>>(&body) {
@@ -151,7 +180,7 @@ async fn append(State(state): State<PeerState>, headers: HeaderMap, body: Bytes)
 }
 
 async fn info(State(state): State<PeerState>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(refused) = check(&state, route::INFO, &headers, &body) {
+    if let Err(refused) = check(&state, route::INFO, &headers, &body).await {
         return refused.into_response();
     }
     json(&MemberInfo {
@@ -161,7 +190,7 @@ async fn info(State(state): State<PeerState>, headers: HeaderMap, body: Bytes) -
 }
 
 async fn ping(State(state): State<PeerState>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(refused) = check(&state, route::PING, &headers, &body) {
+    if let Err(refused) = check(&state, route::PING, &headers, &body).await {
         return refused.into_response();
     }
     let leader_contact = *state.leader_contact.lock();
@@ -175,7 +204,7 @@ async fn ping(State(state): State<PeerState>, headers: HeaderMap, body: Bytes) -
 }
 
 async fn vote(State(state): State<PeerState>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(refused) = check(&state, route::VOTE, &headers, &body) {
+    if let Err(refused) = check(&state, route::VOTE, &headers, &body).await {
         return refused.into_response();
     }
     match parse(&body) {
@@ -185,7 +214,7 @@ async fn vote(State(state): State<PeerState>, headers: HeaderMap, body: Bytes) -
 }
 
 async fn snapshot(State(state): State<PeerState>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(refused) = check(&state, route::SNAPSHOT, &headers, &body) {
+    if let Err(refused) = check(&state, route::SNAPSHOT, &headers, &body).await {
         return refused.into_response();
     }
     let Some((head_len, rest)) = body.split_first_chunk::<4>() else {
@@ -244,7 +273,7 @@ async fn forward_request(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Err(refused) = check(&state, route::FORWARD, &headers, &body) {
+    if let Err(refused) = check(&state, route::FORWARD, &headers, &body).await {
         return refused.into_response();
     }
     let Some(api) = state.api.get().cloned() else {

@@ -11,7 +11,7 @@
 //! (`GET /v1/events`) and keeps every frame with the instant it arrived;
 //! [`Cluster::settled_listings`] reads what every member lists at one applied index.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -54,10 +54,15 @@ pub struct Cluster {
 /// never hands out ports for `:0` binds and outgoing connections: a port from that range,
 /// released, was sometimes given to another test's listener or connection before the member
 /// bound it, and the member failed to start. Chosen at random and tried, so parallel tests
-/// rarely pick the same one (and a bind check catches most of those).
+/// rarely pick the same one (and a bind check catches most of those). A port is handed out
+/// once per test process: two tests of one run never share one (a member restarted keeps its
+/// port, and between its stop and its start the bind check sees it free). Before, two tests
+/// once did: the second member failed to start, and the first cluster's leader, dialling it,
+/// reached the other cluster's member (see `cluster::identity`).
 fn free_port() -> SocketAddr {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
+    static HANDED_OUT: std::sync::Mutex<BTreeSet<u16>> = std::sync::Mutex::new(BTreeSet::new());
     let seed = u64::from(std::process::id()) << 20
         ^ std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -70,7 +75,14 @@ fn free_port() -> SocketAddr {
         x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         x ^= x >> 31;
         let port = 20_000 + (x % 12_000) as u16;
+        let mut handed_out = HANDED_OUT
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if handed_out.contains(&port) {
+            continue;
+        }
         if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            handed_out.insert(port);
             return listener.local_addr().expect("its address");
         }
     }
@@ -162,6 +174,15 @@ impl Cluster {
                 .build()
                 .expect("a client"),
         }
+    }
+
+    /// The address member `id` listens for peers on (`--cluster-listen`).
+    pub fn peer_addr(&self, id: u64) -> String {
+        let args = &self.members[&id].args;
+        let at = args.iter().position(|arg| arg == "--cluster-listen");
+        at.and_then(|at| args.get(at + 1))
+            .cloned()
+            .unwrap_or_else(|| panic!("member {id} has no --cluster-listen"))
     }
 
     /// The API base URL of running member `id`.

@@ -11,6 +11,7 @@ pub mod events;
 pub mod failover;
 pub mod harness;
 pub mod history;
+pub mod identity;
 pub mod joint;
 pub mod membership;
 pub mod partition;

@@ -1,7 +1,8 @@
-//! Authentication at the HTTP boundary: the layer that finds who is calling (a bearer token, or
-//! the dashboard's session cookie), refuses what the route's rule (`auth::policy`) does not
-//! allow, and hands the handler a [`Caller`] for the checks that need the key; and the session
-//! routes (`POST /v1/session` trades a token for a cookie, `DELETE` ends it).
+//! Authentication at the HTTP boundary: the gate's step ([`admit`]) that finds who is calling
+//! (a bearer token, or the dashboard's session cookie), refuses what the route's rule
+//! (`auth::policy`) does not allow, and hands the handler a [`Caller`] for the checks that need
+//! the key; and the session routes (`POST /v1/session` trades a token for a cookie, `DELETE`
+//! ends it).
 //!
 //! 401 `unauthorized` (with `WWW-Authenticate: Bearer`) when no valid token came; 403
 //! `forbidden` naming the scope needed when the token lacks it. Neither says whether a token id
@@ -13,7 +14,6 @@ use axum::extract::{FromRequestParts, MatchedPath, Request, State};
 use axum::http::header::{AUTHORIZATION, COOKIE, SET_COOKIE};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
@@ -23,7 +23,7 @@ use crate::auth::policy::{self, Access, PublicPaths};
 use crate::auth::sessions::{self, SESSION_TTL};
 use crate::auth::{Auth, Token};
 
-/// What the auth layer needs.
+/// What authentication needs.
 #[derive(Clone, Debug)]
 pub struct AuthState {
     /// `None`: auth is off (no `--auth-tokens`); every request may do everything.
@@ -104,37 +104,31 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
     }
 }
 
-/// The layer: authenticates, applies the route's rule, and leaves a [`Caller`].
-pub async fn authenticate(
-    State(state): State<AuthState>,
-    mut request: Request,
-    next: Next,
-) -> Response {
+/// Authenticates `request`, applies its route's rule, and leaves a [`Caller`] in it; the
+/// refusal to answer instead (part of [`super::gate`], before anything else runs).
+pub fn admit(state: &AuthState, request: &mut Request) -> Result<(), ApiError> {
     let Some(auth) = &state.auth else {
-        return next.run(request).await;
+        return Ok(());
     };
-    let template = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|path| path.as_str().to_owned());
     // Unmatched paths get their 404 / 405 without asking who calls.
-    let Some(template) = template else {
-        return next.run(request).await;
+    let Some(template) = request.extensions().get::<MatchedPath>() else {
+        return Ok(());
     };
-    let access = policy::access(&template, request.method().as_str(), state.public);
+    let access = policy::access(template.as_str(), request.method().as_str(), state.public);
     let token = identify(auth, request.headers());
     if access != Access::Public {
         let Some(token) = &token else {
-            return ApiError::Unauthorized.into_response();
+            return Err(ApiError::Unauthorized);
         };
         if let Err(needed) = allows(token, access) {
-            tracing::info!(token = %token.id, route = %template, "forbidden");
-            return ApiError::Forbidden(format!("this token lacks the scope: {needed}"))
-                .into_response();
+            tracing::info!(token = %token.id, route = %template.as_str(), "forbidden");
+            return Err(ApiError::Forbidden(format!(
+                "this token lacks the scope: {needed}"
+            )));
         }
     }
     request.extensions_mut().insert(Caller(token));
-    next.run(request).await
+    Ok(())
 }
 
 /// The token of a request: its bearer token, else its session cookie's.

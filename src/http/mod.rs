@@ -10,6 +10,7 @@ pub mod dashboard;
 pub mod error;
 pub mod events;
 pub mod extract;
+pub mod gate;
 pub mod guard;
 pub mod health;
 pub mod heartbeats;
@@ -165,43 +166,9 @@ pub fn app(state: AppState) -> Router {
         .route(routes::DASHBOARD.path, get(dashboard::dashboard))
         .fallback(route_not_found)
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            replicate::forward_to_leader,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            state.auth.clone(),
-            auth::authenticate,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            state.request_timeout,
-            answer_within,
-        ))
+        .layer(gate::GateLayer(state.clone()))
         .layer(observe::RecordLayer(Arc::clone(&state.metrics)))
         .with_state(state)
-}
-
-/// Answers 408 `request_timeout` when a request (its body included: a body sent one byte a
-/// second is cut off) is not answered within `--request-timeout`. A stream's events come after
-/// its answer, so only its start counts.
-async fn answer_within(
-    axum::extract::State(limit): axum::extract::State<std::time::Duration>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    match tokio::time::timeout(limit, next.run(request)).await {
-        Ok(response) => response,
-        Err(_) => {
-            let mut response = ApiError::RequestTimeout(limit).into_response();
-            // The rest of the body will not be read: the connection cannot be reused.
-            response.headers_mut().insert(
-                axum::http::header::CONNECTION,
-                "close".parse().expect("a valid value"),
-            );
-            response
-        }
-    }
 }
 
 /// The answer to a path no route matches. A key path with more segments than a route has is

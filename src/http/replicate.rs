@@ -1,5 +1,5 @@
 //! The API's side of cluster mode: requests only the leader may serve are forwarded to it
-//! ([`forward_to_leader`], a layer), and on the leader, changes are proposed to the Raft log
+//! ([`serve_where`], decided by the API's gate), and on the leader, changes are proposed to the Raft log
 //! and answered once applied ([`propose`]).
 //!
 //! What the leader serves: writes (heartbeats, deletes, TTL changes) and the default,
@@ -8,15 +8,16 @@
 //! is never forwarded again: a member that stopped leading meanwhile answers 503 `no_leader`.
 //! The leader serves only while its lease holds ([`fence`]); otherwise 503 `no_quorum`.
 
-use axum::extract::{Request, State};
+use std::sync::Arc;
+
+use axum::extract::Request;
 use axum::http::{HeaderValue, Method};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 
 use super::{ApiError, AppState};
 use crate::cluster::forward;
 use crate::cluster::group_commit::Written;
-use crate::cluster::node::ProposeError;
+use crate::cluster::node::{Cluster, ProposeError};
 use crate::cluster::types::Command;
 use crate::persist::record::Record;
 
@@ -80,44 +81,50 @@ fn needs_leader(method: &Method, path: &str, consistency: Consistency) -> bool {
     !read || consistency == Consistency::Linearizable
 }
 
-/// Forwards what only the leader may serve, when this member does not lead.
-pub async fn forward_to_leader(
-    State(state): State<AppState>,
-    mut request: Request,
-    next: Next,
-) -> Response {
-    let consistency = match take_consistency(&mut request) {
-        Ok(consistency) => consistency,
-        Err(refused) => return refused.into_response(),
-    };
+/// Where a request is served: decided before it runs ([`super::gate`]).
+pub enum Serve {
+    /// By this member's handlers: a single node's request, or the leader's.
+    Here,
+    /// By this member's handlers, from what it has applied; the answer says how fresh it is
+    /// ([`stamp_staleness`]).
+    HereStale(Arc<Cluster>),
+    /// By the leader: this member forwards it ([`Cluster::forward`]).
+    Forward(Arc<Cluster>),
+}
+
+/// Where `request` is served (see the module documentation), with `?consistency=` read and
+/// removed; the answer instead when it is refused (a bad `consistency`, a leader that cannot
+/// serve, a forwarded request that reached a member no longer leading).
+pub fn serve_where(state: &AppState, request: &mut Request) -> Result<Serve, ApiError> {
+    let consistency = take_consistency(request)?;
     let Some(cluster) = &state.cluster else {
-        return next.run(request).await;
+        return Ok(Serve::Here);
     };
     if !needs_leader(request.method(), request.uri().path(), consistency) {
-        let mut response = next.run(request).await;
-        let applied = cluster.applied_index();
-        let headers = response.headers_mut();
-        headers.insert("x-ttlwheel-applied-index", HeaderValue::from(applied));
-        // Consul's X-Consul-LastContact: how stale this answer may be.
-        if let Some(ms) = cluster.last_contact_ms() {
-            headers.insert("x-ttlwheel-last-contact", HeaderValue::from(ms));
-        }
-        return response;
+        return Ok(Serve::HereStale(Arc::clone(cluster)));
     }
     if cluster.is_leader() {
-        if let Err(fenced) = fence(&state) {
-            return fenced.into_response();
-        }
-        return next.run(request).await;
+        fence(state)?;
+        return Ok(Serve::Here);
     }
     if forward::is_forwarded(request.headers()) {
-        return ApiError::NoLeader(
+        return Err(ApiError::NoLeader(
             "this member no longer leads; retry: the cluster is electing or has elected another"
                 .into(),
-        )
-        .into_response();
+        ));
     }
-    cluster.forward(request).await
+    Ok(Serve::Forward(Arc::clone(cluster)))
+}
+
+/// Says in `response` how fresh a member's own answer is: the index it has applied, and (as
+/// Consul's `X-Consul-LastContact`) how long since it heard from the leader.
+pub fn stamp_staleness(cluster: &Cluster, response: &mut Response) {
+    let applied = cluster.applied_index();
+    let headers = response.headers_mut();
+    headers.insert("x-ttlwheel-applied-index", HeaderValue::from(applied));
+    if let Some(ms) = cluster.last_contact_ms() {
+        headers.insert("x-ttlwheel-last-contact", HeaderValue::from(ms));
+    }
 }
 
 /// 503 `no_quorum` unless this member may serve now (design section 6: it leads, is

@@ -42,6 +42,10 @@ pub struct ClusterStats {
     pub checkpoint_keys: Histogram,
     /// From proposing a checkpoint entry to its commit, seconds.
     pub checkpoint_seconds: Histogram,
+    /// Peer requests refused because they came from another cluster (`cluster::identity`).
+    pub foreign_peer_requests: AtomicU64,
+    /// Peer requests refused because their signature did not hold (`cluster::auth`).
+    pub unauthorized_peer_requests: AtomicU64,
 }
 
 impl Default for ClusterStats {
@@ -56,6 +60,8 @@ impl Default for ClusterStats {
             checkpoint_keys: Histogram::new(exponential_buckets(1.0, 4.0, 7)),
             // 100 µs to ~3.3 s.
             checkpoint_seconds: Histogram::new(exponential_buckets(0.000_1, 2.0, 16)),
+            foreign_peer_requests: AtomicU64::new(0),
+            unauthorized_peer_requests: AtomicU64::new(0),
         }
     }
 }
@@ -214,6 +220,18 @@ impl Collector for ClusterCollector {
             "ttlwheel_cluster_checkpoints_failed",
             "Deadline checkpoint entries that did not commit.",
             &stats.checkpoints_failed,
+        )?;
+        counter(
+            &mut encoder,
+            "ttlwheel_cluster_foreign_peer_requests",
+            "Peer requests refused because they came from another cluster (409 cluster_mismatch).",
+            &stats.foreign_peer_requests,
+        )?;
+        counter(
+            &mut encoder,
+            "ttlwheel_cluster_unauthorized_peer_requests",
+            "Peer requests refused because their signature did not hold (--cluster-secret).",
+            &stats.unauthorized_peer_requests,
         )?;
         stats.checkpoint_keys.encode(encoder.encode_descriptor(
             "ttlwheel_cluster_checkpoint_keys",

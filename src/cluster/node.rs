@@ -424,10 +424,12 @@ impl Cluster {
         let api = Arc::new(OnceLock::new());
         let leader_contact = Arc::new(Mutex::new(None));
         let leader_commit = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let stats = Arc::new(ClusterStats::default());
         let peer_state = PeerState {
             raft: raft.clone(),
             auth,
             identity,
+            stats: Arc::clone(&stats),
             api: Arc::clone(&api),
             advertise_api: settings.advertise_api.clone(),
             leader_contact: Arc::clone(&leader_contact),
@@ -441,7 +443,6 @@ impl Cluster {
             }
         });
         tracing::info!(node_id = settings.node_id, peer_listen = %bound, "cluster member started");
-        let stats = Arc::new(ClusterStats::default());
         let mut tasks = leadership::spawn(Parts {
             id: settings.node_id,
             raft: raft.clone(),

@@ -18,6 +18,7 @@
 
 use std::io::Write as _;
 use std::path::Path;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, OnceLock};
 
 use axum::body::Bytes;
@@ -35,6 +36,7 @@ use super::auth::{self, PeerAuth};
 use super::campaign::{self, PingAnswer};
 use super::forward;
 use super::identity::{self, Identity};
+use super::metrics::ClusterStats;
 use super::network::{route, SnapshotHead};
 use super::node::MemberInfo;
 use super::types::{SnapshotFile, TypeConfig};
@@ -53,6 +55,8 @@ pub struct PeerState {
     pub auth: PeerAuth,
     /// The cluster this member belongs to: requests from another are refused.
     pub identity: Arc<Identity>,
+    /// Counts the refusals.
+    pub stats: Arc<ClusterStats>,
     /// The API's router, for forwarded requests (set once the API is built).
     pub api: Arc<OnceLock<Router>>,
     /// This member's API address, for `/raft/info`.
@@ -125,6 +129,7 @@ async fn check(
         .verify("POST", path, body, header, auth::unix_now())
         .map_err(|error| {
             tracing::warn!(%error, path, "a peer request was refused");
+            state.stats.unauthorized_peer_requests.fetch_add(1, Relaxed);
             refusal(StatusCode::UNAUTHORIZED, "peer_unauthorized", error)
         })?;
     let named = match headers.get(identity::HEADER) {
@@ -139,6 +144,7 @@ async fn check(
         tracing::error!(error = %refused, path, "a peer request was refused");
         match refused {
             identity::Refused::Mismatch { .. } => {
+                state.stats.foreign_peer_requests.fetch_add(1, Relaxed);
                 refusal(StatusCode::CONFLICT, "cluster_mismatch", refused)
             }
             identity::Refused::Store(_) => {

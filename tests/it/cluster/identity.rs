@@ -22,7 +22,8 @@ async fn register(cluster: &Cluster, via: u64, key: &str) {
 /// elect "term 1, node 1" and start their logs alike, so before clusters had ids, `a`'s member
 /// 2 took `b`'s leader's entries as its own leader's: measured, a key written to `b` was listed
 /// on it. Must not happen: `b`'s key on any member of `a`, or `a`'s member 2 missing `a`'s own
-/// key. `b`'s leader must be refused (409 `cluster_mismatch`) and say so in its log.
+/// key. `b`'s leader must be refused (409 `cluster_mismatch`) and say so in its log, and `a`'s
+/// member must count the refusals in `/metrics`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_reached_by_another_clusters_leader_refuses_it_and_keeps_its_own_log() {
     let a = Cluster::start("identity-a", 3, &[]).await;
@@ -62,4 +63,64 @@ async fn a_member_reached_by_another_clusters_leader_refuses_it_and_keeps_its_ow
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+    // Counted before the refusal is answered, so the refusal logged above is in it.
+    let foreign = "ttlwheel_cluster_foreign_peer_requests_total ";
+    let refusals = reqwest::get(format!("{}/metrics", a.base(crossed)))
+        .await
+        .expect("a /metrics answer")
+        .text()
+        .await
+        .expect("its text");
+    let counted = refusals
+        .lines()
+        .find_map(|line| line.strip_prefix(foreign)?.trim().parse::<f64>().ok());
+    assert!(
+        counted.is_some_and(|n| n >= 1.0),
+        "a's member {crossed} counts the requests it refused: {counted:?}"
+    );
+}
+
+/// Member 3 starts with another `--cluster-secret` than members 1 and 2. Must not happen: its
+/// peers' requests accepted (it applying the cluster's keys), or the refusals uncounted. The
+/// two that agree still form a quorum and take writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_with_another_secret_refuses_its_peers_and_counts_the_refusals() {
+    let cluster = Cluster::start_each("identity-secret", 3, |id| {
+        let secret = if id == 3 { "not-the-same" } else { "shared" };
+        vec!["--cluster-secret".to_owned(), secret.to_owned()]
+    })
+    .await;
+    let leader = cluster.leader_among(&[1, 2]).await;
+    register(&cluster, leader, "signed").await;
+    let follower = if leader == 1 { 2 } else { 1 };
+    cluster
+        .wait_for_keys(follower, &["signed".to_owned()])
+        .await;
+    let unauthorized = "ttlwheel_cluster_unauthorized_peer_requests_total ";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let text = reqwest::get(format!("{}/metrics", cluster.base(3)))
+            .await
+            .expect("a /metrics answer")
+            .text()
+            .await
+            .expect("its text");
+        let counted = text
+            .lines()
+            .find_map(|line| line.strip_prefix(unauthorized)?.trim().parse::<f64>().ok());
+        if counted.is_some_and(|n| n >= 1.0) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "member 3 never counted a refused request: {counted:?}\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        cluster.stale_keys(3).await,
+        Some(Vec::new()),
+        "member 3 applied nothing from peers whose signatures it refuses"
+    );
 }

@@ -17,6 +17,19 @@ async fn register(cluster: &Cluster, via: u64, key: &str) {
     assert_eq!(status, StatusCode::OK, "{key}: {body}\n{}", cluster.logs());
 }
 
+/// The value of counter `name` in member `id`'s `/metrics`.
+async fn counter(cluster: &Cluster, id: u64, name: &str) -> Option<f64> {
+    let text = reqwest::get(format!("{}/metrics", cluster.base(id)))
+        .await
+        .expect("a /metrics answer")
+        .text()
+        .await
+        .expect("its text");
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+}
+
 /// Cluster `b`'s members route their member 2 to cluster `a`'s member 2 (a peer address that
 /// names a member of another cluster: a reused port or host, an old peer list). Both clusters
 /// elect "term 1, node 1" and start their logs alike, so before clusters had ids, `a`'s member
@@ -64,16 +77,7 @@ async fn a_member_reached_by_another_clusters_leader_refuses_it_and_keeps_its_ow
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     // Counted before the refusal is answered, so the refusal logged above is in it.
-    let foreign = "ttlwheel_cluster_foreign_peer_requests_total ";
-    let refusals = reqwest::get(format!("{}/metrics", a.base(crossed)))
-        .await
-        .expect("a /metrics answer")
-        .text()
-        .await
-        .expect("its text");
-    let counted = refusals
-        .lines()
-        .find_map(|line| line.strip_prefix(foreign)?.trim().parse::<f64>().ok());
+    let counted = counter(&a, crossed, "ttlwheel_cluster_foreign_peer_requests_total").await;
     assert!(
         counted.is_some_and(|n| n >= 1.0),
         "a's member {crossed} counts the requests it refused: {counted:?}"
@@ -96,18 +100,10 @@ async fn a_member_with_another_secret_refuses_its_peers_and_counts_the_refusals(
     cluster
         .wait_for_keys(follower, &["signed".to_owned()])
         .await;
-    let unauthorized = "ttlwheel_cluster_unauthorized_peer_requests_total ";
+    let unauthorized = "ttlwheel_cluster_unauthorized_peer_requests_total";
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        let text = reqwest::get(format!("{}/metrics", cluster.base(3)))
-            .await
-            .expect("a /metrics answer")
-            .text()
-            .await
-            .expect("its text");
-        let counted = text
-            .lines()
-            .find_map(|line| line.strip_prefix(unauthorized)?.trim().parse::<f64>().ok());
+        let counted = counter(&cluster, 3, unauthorized).await;
         if counted.is_some_and(|n| n >= 1.0) {
             break;
         }

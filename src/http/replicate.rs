@@ -1,6 +1,6 @@
 //! The API's side of cluster mode: requests only the leader may serve are forwarded to it
-//! ([`serve_where`], decided by the API's gate), and on the leader, changes are proposed to the Raft log
-//! and answered once applied ([`propose`]).
+//! ([`serve_where`], decided by the API's gate), and on the leader, changes are proposed to the
+//! Raft log and answered once applied ([`propose`]).
 //!
 //! What the leader serves: writes (heartbeats, deletes, TTL changes) and the default,
 //! linearizable reads of keys and services. `?consistency=stale` reads are served by any

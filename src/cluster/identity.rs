@@ -21,12 +21,13 @@
 //!
 //! Invariants: an id once held never changes (the file is written only by a member that held
 //! none); 0 is never an id (it stands for "none" in memory).
-//! Stored as 16 hex digits in `cluster-id` in the member's cluster directory.
+//! Stored as a JSON string of 16 hex digits in `cluster-id` in the member's cluster directory,
+//! written as the log store writes its vote (`write_json`).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{io_error, sync_dir, StoreError};
+use super::{io_error, read_json, write_json, StoreError};
 
 /// The header every peer request names its cluster in (16 hex digits).
 pub const HEADER: &str = "x-ttlwheel-cluster";
@@ -76,7 +77,8 @@ pub fn format(id: u64) -> String {
 /// This member's cluster id, if it has one. See the module documentation.
 #[derive(Debug)]
 pub struct Identity {
-    file: PathBuf,
+    /// The member's cluster directory, which holds [`FILE`].
+    dir: PathBuf,
     /// 0: none yet.
     id: AtomicU64,
     /// Held while an id is drawn or adopted, so that only one is ever written.
@@ -88,16 +90,15 @@ impl Identity {
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
         std::fs::create_dir_all(dir).map_err(io_error(dir))?;
         let file = dir.join(FILE);
-        let id = match std::fs::read_to_string(&file) {
-            Ok(text) => parse(text.trim()).map_err(|reason| StoreError::Corrupt {
+        let id = match read_json::<String>(&file)? {
+            Some(text) => parse(&text).map_err(|reason| StoreError::Corrupt {
                 path: file.clone(),
                 reason,
             })?,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => 0,
-            Err(error) => return Err(io_error(&file)(error)),
+            None => 0,
         };
         Ok(Self {
-            file,
+            dir: dir.to_owned(),
             id: AtomicU64::new(id),
             writing: tokio::sync::Mutex::new(()),
         })
@@ -110,13 +111,13 @@ impl Identity {
 
     /// Draws an id and keeps it, unless this member has one (the founder, before it founds).
     pub async fn draw(&self) -> Result<u64, StoreError> {
+        if let Some(held) = self.id() {
+            return Ok(held);
+        }
         let mut drawn = [0u8; 8];
         while u64::from_le_bytes(drawn) == 0 {
             ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut drawn).map_err(
-                |_| StoreError::Corrupt {
-                    path: self.file.clone(),
-                    reason: "the system's random source failed".into(),
-                },
+                |_| io_error(&self.dir)(std::io::Error::other("the system's random source failed")),
             )?;
         }
         self.keep(u64::from_le_bytes(drawn)).await
@@ -148,26 +149,13 @@ impl Identity {
         if let Some(held) = self.id() {
             return Ok(held);
         }
-        let file = self.file.clone();
-        tokio::task::spawn_blocking(move || write_synced(&file, &format(id)))
+        let dir = self.dir.clone();
+        tokio::task::spawn_blocking(move || write_json(&dir, FILE, &format(id), true))
             .await
             .map_err(|error| StoreError::Task(error.to_string()))??;
         self.id.store(id, Ordering::Release);
         Ok(id)
     }
-}
-
-/// Writes `text` to `file` whole: a temporary file, synced, renamed over it, the directory
-/// synced (a crash leaves the old state or the new one).
-fn write_synced(file: &Path, text: &str) -> Result<(), StoreError> {
-    use std::io::Write as _;
-    let tmp = file.with_extension("tmp");
-    let mut out = std::fs::File::create(&tmp).map_err(io_error(&tmp))?;
-    out.write_all(text.as_bytes())
-        .and_then(|()| out.sync_all())
-        .map_err(io_error(&tmp))?;
-    std::fs::rename(&tmp, file).map_err(io_error(file))?;
-    sync_dir(file.parent().unwrap_or(Path::new(".")))
 }
 
 /// Why a peer request is not served.

@@ -46,10 +46,9 @@ use std::sync::{mpsc, Arc};
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{CommittedLeaderId, EntryPayload, ErrorSubject, ErrorVerb, RaftLogReader};
 use parking_lot::Mutex;
-use serde::{de::DeserializeOwned, Serialize};
 
 use super::types::{Command, Entry, LogId, StorageError, TypeConfig, Vote};
-use super::{io_error, numbered_files, storage_error, sync_dir, StoreError};
+use super::{io_error, numbered_files, read_json, storage_error, sync_dir, write_json, StoreError};
 use crate::persist::log::{self, Format, FrameAt, Tail, MAGIC_LEN};
 
 /// The magic of a Raft log segment.
@@ -583,45 +582,6 @@ fn decode_entry(payload: &[u8]) -> Result<Entry, String> {
         ),
     };
     Ok(Entry { log_id, payload })
-}
-
-/// Writes `value` as JSON to `dir/name` whole: a tmp file renamed over it; with `durable`,
-/// synced before and after the rename (as `persist::store` writes snapshots).
-fn write_json(
-    dir: &Path,
-    name: &str,
-    value: &impl Serialize,
-    durable: bool,
-) -> Result<(), StoreError> {
-    let path = dir.join(name);
-    let tmp = dir.join(format!("{name}.tmp"));
-    let bytes = serde_json::to_vec(value).expect("log ids and votes serialize to JSON");
-    let file = File::create(&tmp).map_err(io_error(&tmp))?;
-    file.write_all_at(&bytes, 0).map_err(io_error(&tmp))?;
-    if durable {
-        file.sync_all().map_err(io_error(&tmp))?;
-    }
-    std::fs::rename(&tmp, &path).map_err(io_error(&path))?;
-    if durable {
-        sync_dir(dir)?;
-    }
-    Ok(())
-}
-
-/// The JSON in `path`, or `None` if there is no such file.
-fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, StoreError> {
-    match std::fs::read(path) {
-        Ok(bytes) => {
-            serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|error| StoreError::Corrupt {
-                    path: path.to_owned(),
-                    reason: error.to_string(),
-                })
-        }
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(error) => Err(io_error(path)(error)),
-    }
 }
 
 /// A range's bounds, owned (openraft's ranges are generic and only `Clone`); `None` for a range

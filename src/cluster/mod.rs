@@ -56,9 +56,11 @@ pub mod types;
 pub mod upgrade;
 
 use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use openraft::{AnyError, ErrorSubject, ErrorVerb, StorageIOError};
+use serde::{de::DeserializeOwned, Serialize};
 
 use crate::persist::log::{ReadError, MAX_FRAME_LEN};
 use types::StorageError;
@@ -138,6 +140,45 @@ fn sync_dir(dir: &Path) -> Result<(), StoreError> {
     File::open(dir)
         .and_then(|dir| dir.sync_all())
         .map_err(io_error(dir))
+}
+
+/// Writes `value` as JSON to `dir/name` whole: a tmp file renamed over it; with `durable`,
+/// synced before and after the rename (as `persist::store` writes snapshots).
+fn write_json(
+    dir: &Path,
+    name: &str,
+    value: &impl Serialize,
+    durable: bool,
+) -> Result<(), StoreError> {
+    let path = dir.join(name);
+    let tmp = dir.join(format!("{name}.tmp"));
+    let bytes = serde_json::to_vec(value).expect("log ids and votes serialize to JSON");
+    let file = File::create(&tmp).map_err(io_error(&tmp))?;
+    file.write_all_at(&bytes, 0).map_err(io_error(&tmp))?;
+    if durable {
+        file.sync_all().map_err(io_error(&tmp))?;
+    }
+    std::fs::rename(&tmp, &path).map_err(io_error(&path))?;
+    if durable {
+        sync_dir(dir)?;
+    }
+    Ok(())
+}
+
+/// The JSON in `path`, or `None` if there is no such file.
+fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, StoreError> {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|error| StoreError::Corrupt {
+                    path: path.to_owned(),
+                    reason: error.to_string(),
+                })
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(error) => Err(io_error(path)(error)),
+    }
 }
 
 /// What the cluster's storage tests share.

@@ -848,6 +848,9 @@ impl Cluster {
         if let Err(error) = self.raft.shutdown().await {
             tracing::warn!(%error, "openraft did not stop cleanly");
         }
+        // openraft has stopped: the committed id it last reported is final.
+        let log = self.log.clone();
+        let _ = tokio::task::spawn_blocking(move || log.save_committed_now()).await;
     }
 }
 

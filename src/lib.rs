@@ -566,15 +566,16 @@ fn recover(
     let started = std::time::Instant::now();
     let restart = Instant::now();
     let mut webhooks = persist::webhooks::WebhookReplay::default();
-    let recovery = dir
-        .recover(|record| {
-            if record.is_webhook() {
-                webhooks.apply(record);
-            } else {
-                registry.restore(record, restart);
-            }
-        })
-        .map_err(|error| error.to_string())?;
+    registry.defer_listing();
+    let recovery = dir.recover(|record| {
+        if record.is_webhook() {
+            webhooks.apply(record);
+        } else {
+            registry.restore(record, restart);
+        }
+    });
+    registry.rebuild_listing();
+    let recovery = recovery.map_err(|error| error.to_string())?;
     notifier.restore(webhooks, restart);
     if let Some((path, offset, dropped)) = &recovery.torn {
         tracing::warn!(path = %path.display(), offset, dropped,

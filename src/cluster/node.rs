@@ -392,6 +392,9 @@ impl Cluster {
             webhooks: Arc::clone(&webhooks),
         };
         let dir = settings.dir.clone();
+        // The snapshot's keys and the log re-applied at start arrive all at once: the listing
+        // is built after them (`Registry::defer_listing`), before the API can list.
+        registry.defer_listing();
         let (log, machine, identity) = tokio::task::spawn_blocking(move || {
             Ok::<_, StoreError>((
                 LogStore::open(&log_dir)?,
@@ -421,6 +424,10 @@ impl Cluster {
         )
         .await
         .map_err(|error| ClusterError::Raft(error.to_string()))?;
+        let rebuilt = Arc::clone(&registry);
+        tokio::task::spawn_blocking(move || rebuilt.rebuild_listing())
+            .await
+            .map_err(|error| StoreError::Task(error.to_string()))?;
         let api = Arc::new(OnceLock::new());
         let leader_contact = Arc::new(Mutex::new(None));
         let leader_commit = Arc::new(std::sync::atomic::AtomicU64::new(0));

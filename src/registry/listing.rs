@@ -56,6 +56,10 @@ impl ListFilter {
 /// bytes per key.
 const BLOCK_MAX: usize = 256;
 
+/// How full [`OrderedIndex::build`] fills its blocks: room left for insertions before the
+/// first splits, about the fill that insertions and splits leave on their own.
+const BUILT_FILL: usize = BLOCK_MAX * 3 / 4;
+
 /// Slot ids in the order of their keys, which stay in the entries: a sorted list cut into
 /// blocks of at most [`BLOCK_MAX`], so an insertion or removal moves at most a block's ids,
 /// and a position is found by a binary search over the blocks' last keys and then one within
@@ -149,6 +153,15 @@ impl SortedSlots {
             }
         }
         low
+    }
+
+    /// The list of `ids`, already in key order, in blocks filled to [`BUILT_FILL`].
+    fn from_sorted<'k>(ids: &[SlotId], key_of: impl Fn(SlotId) -> &'k Key) -> Self {
+        let blocks: Vec<Vec<SlotId>> = ids.chunks(BUILT_FILL).map(<[SlotId]>::to_vec).collect();
+        let fences = (blocks.iter())
+            .map(|block| fence(key_of(*block.last().expect("chunks are never empty")).as_str()))
+            .collect();
+        Self { blocks, fences }
     }
 
     /// Adds `slot`, whose key is not in the list yet.
@@ -298,6 +311,35 @@ impl SortedSlots {
     }
 }
 
+/// Bytes of a key [`sort_by_key`] keeps beside its id.
+const PREFIX_BYTES: usize = 32;
+
+/// Sorts `ids` (slot ids, each with a value carried along) by their keys (byte order): by the first [`PREFIX_BYTES`] bytes of each key,
+/// read once and kept beside its id, then, only among ids whose keys share those bytes, by
+/// the whole keys.
+fn sort_by_key<'k, T: Copy>(ids: &mut [(SlotId, T)], key_of: impl Fn(SlotId) -> &'k Key + Copy) {
+    let prefix = |slot: SlotId| {
+        let mut first = [0u8; PREFIX_BYTES];
+        let bytes = key_of(slot).as_str().as_bytes();
+        let n = bytes.len().min(PREFIX_BYTES);
+        first[..n].copy_from_slice(&bytes[..n]);
+        first
+    };
+    let mut tagged: Vec<([u8; PREFIX_BYTES], (SlotId, T))> =
+        ids.iter().map(|&item| (prefix(item.0), item)).collect();
+    tagged.sort_unstable_by_key(|a| a.0);
+    // Equal prefixes (zero-padded) leave the order open: keys that share their first bytes,
+    // or a key that is a prefix of another. Whole keys decide there.
+    for run in tagged.chunk_by_mut(|a, b| a.0 == b.0) {
+        if run.len() > 1 {
+            run.sort_unstable_by(|a, b| key_of(a.1 .0).as_str().cmp(key_of(b.1 .0).as_str()));
+        }
+    }
+    for (id, (_, item)) in ids.iter_mut().zip(tagged) {
+        *id = item;
+    }
+}
+
 /// Alive keys in order, overall and per service, as slot ids (the keys stay in the entries;
 /// every call is given `key_of`, which reads a slot's key).
 #[derive(Debug, Default)]
@@ -308,6 +350,33 @@ pub(super) struct OrderedIndex {
 }
 
 impl OrderedIndex {
+    /// The index of `alive` (each key's slot and service) built at once: the ids sorted by
+    /// key, then cut into blocks, instead of one insertion each. Each insertion searches the
+    /// list, reading ~10-20 keys at random through their slots; the sort reads each key once in
+    /// slot order and compares the first [`PREFIX_BYTES`] bytes kept beside its id (recovery,
+    /// where every key arrives at once: `Registry::defer_listing`).
+    pub fn build<'k>(
+        alive: impl Iterator<Item = (SlotId, ServiceId)>,
+        key_of: impl Fn(SlotId) -> &'k Key + Copy,
+    ) -> Self {
+        let mut alive: Vec<(SlotId, ServiceId)> = alive.collect();
+        sort_by_key(&mut alive, key_of);
+        let ids: Vec<SlotId> = alive.iter().map(|&(slot, _)| slot).collect();
+        let mut by_service: Vec<Vec<SlotId>> = Vec::new();
+        for &(slot, service) in alive.iter().filter(|(_, service)| !service.is_none()) {
+            if by_service.len() <= service.index() {
+                by_service.resize_with(service.index() + 1, Vec::new);
+            }
+            by_service[service.index()].push(slot);
+        }
+        Self {
+            by_key: SortedSlots::from_sorted(&ids, key_of),
+            by_service: (by_service.iter())
+                .map(|ids| SortedSlots::from_sorted(ids, key_of))
+                .collect(),
+        }
+    }
+
     pub fn insert<'k>(
         &mut self,
         slot: SlotId,
@@ -675,6 +744,47 @@ mod tests {
                 list.check_invariants(key_of);
             }
             proptest::prop_assert!(list.blocks.is_empty());
+        }
+
+        /// An index built at once (recovery) lists what inserting each key would, overall and
+        /// per service, and stays usable: keys sharing more than the sort's kept prefix, keys
+        /// that are prefixes of others, in any order.
+        #[test]
+        fn building_an_index_at_once_equals_inserting_each_key(
+            order in Just((0..1500u32).collect::<Vec<_>>()).prop_shuffle(),
+            kind in 0..3u8,
+            services in proptest::collection::vec(0..4u16, 1500),
+        ) {
+            let name = |n: u32| match kind {
+                0 => format!("k{n}"),
+                1 => format!("svc-{:03}/instance-{n:010}", n % 7),
+                _ => format!("a-common-prefix-longer-than-thirty-two-bytes/{}", n * 7919 % 1500),
+            };
+            let names: Vec<Key> = (0..1500u32).map(|n| Key::new(&name(n)).unwrap()).collect();
+            let key_of = |slot: SlotId| &names[slot as usize];
+            let service = |slot: SlotId| ServiceId::from_index(services[slot as usize]);
+            let (built_from, inserted_after) = order.split_at(1200);
+            let alive = built_from.iter().map(|&slot| (slot, service(slot)));
+            let mut built = OrderedIndex::build(alive.clone(), key_of);
+            built.check_invariants(alive, key_of);
+            let mut inserted = OrderedIndex::default();
+            for &slot in built_from {
+                inserted.insert(slot, service(slot), key_of);
+            }
+            for &slot in inserted_after {
+                built.insert(slot, service(slot), key_of);
+                inserted.insert(slot, service(slot), key_of);
+            }
+            for &slot in &built_from[..300] {
+                built.remove(slot, service(slot), key_of);
+                inserted.remove(slot, service(slot), key_of);
+            }
+            let alive = order[300..].iter().map(|&slot| (slot, service(slot)));
+            built.check_invariants(alive, key_of);
+            for service in [None, Some(ServiceId::from_index(2))] {
+                let filter = ListFilter { service, ..ListFilter::default() };
+                proptest::prop_assert_eq!(keys(&built, &names, &filter), keys(&inserted, &names, &filter));
+            }
         }
 
         /// Removing sets of ids in one pass, between single insertions and removals: the same

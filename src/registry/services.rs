@@ -35,6 +35,12 @@ impl ServiceId {
     pub fn index(self) -> usize {
         self.0 as usize
     }
+
+    /// The id at `index` (tests build indexes without a table).
+    #[cfg(test)]
+    pub fn from_index(index: u16) -> Self {
+        Self(index)
+    }
 }
 
 #[derive(Debug, Default)]

@@ -16,7 +16,8 @@
 //!   a slot is current in at most one wheel bucket and at most once in the heap;
 //! - a slot id in a bucket whose entry is gone, or is scheduled at another tick, is stale and
 //!   skipped by the sweeper; `n_stale` counts them (see `Shard::unschedule`);
-//! - `ordered` holds exactly the alive keys; `alive_by_service[s]` counts them per service;
+//! - `ordered` holds exactly the alive keys (unless listing is off, or deferred during a
+//!   recovery); `alive_by_service[s]` counts them per service;
 //! - `n_wheel` counts the entries on the wheel, `heap` holds exactly the heap entries at their
 //!   deadlines, and persistent entries have no deadline;
 //! - no alive key is in the expired log; no event is pending outside an operation.
@@ -288,8 +289,11 @@ pub(super) struct Shard {
     last: LastSecond,
     /// Reused buffer for the due elements of the last second.
     scratch: Vec<SlotId>,
-    /// Alive keys in order; `None` when listing is disabled (benchmarks of the bare engine).
+    /// Alive keys in order; `None` when listing is disabled (benchmarks of the bare engine)
+    /// or deferred.
     ordered: Option<OrderedIndex>,
+    /// Listing is on but not kept until [`Shard::rebuild_listing`] (recovery).
+    listing_deferred: bool,
     /// While a sweep step takes many keys out ([`Shard::begin_unlisting`]): the keys taken
     /// out of `ordered` at the end of the step, in one pass, and their services.
     unlisting: Option<(SlotSet, Vec<ServiceId>)>,
@@ -327,6 +331,7 @@ impl Shard {
             last: LastSecond::default(),
             scratch: Vec::new(),
             ordered: ctx.config.listing.then(OrderedIndex::default),
+            listing_deferred: false,
             unlisting: None,
             unlisting_spare: Default::default(),
             expired: ExpiredLog::new(ctx.config.expired_retention_ms, expired_max),
@@ -956,6 +961,24 @@ impl Shard {
             }
         }
         self.expired.clear();
+    }
+
+    /// Stops keeping the listing until [`Shard::rebuild_listing`] (see
+    /// `Registry::defer_listing`); nothing may list meanwhile.
+    pub fn defer_listing(&mut self) {
+        if self.ordered.take().is_some() {
+            self.listing_deferred = true;
+        }
+    }
+
+    /// Builds the listing of every alive key at once, if it was deferred.
+    pub fn rebuild_listing(&mut self) {
+        if !std::mem::take(&mut self.listing_deferred) {
+            return;
+        }
+        let slots = &self.slots;
+        let alive = slots.iter().map(|(slot, entry)| (slot, entry.service));
+        self.ordered = Some(OrderedIndex::build(alive, |slot| &slots.entry(slot).key));
     }
 
     /// Puts a key read back from a snapshot's expired list on the expired list, unless it is

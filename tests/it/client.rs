@@ -36,11 +36,22 @@ fn client_of(endpoints: &[&str]) -> Client {
         .expect("a valid client")
 }
 
-/// An address nothing listens on: bound, then closed (connections are refused).
+/// An address nothing listens on, for the rest of the test process: a socket bound to it and
+/// never listening (connections are refused), kept open so that no other test's server, which
+/// binds port 0, is given the port. A port bound and released was given to another test's
+/// server running alongside, and the "dead" endpoint answered (`404 no such key`).
 pub fn dead_endpoint() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let address = listener.local_addr().expect("address");
-    drop(listener);
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("a socket");
+    let any_port: std::net::SocketAddr = "127.0.0.1:0".parse().expect("an address");
+    socket.bind(&any_port.into()).expect("bind");
+    let address = socket
+        .local_addr()
+        .expect("address")
+        .as_socket()
+        .expect("an IP address");
+    // Kept, never listening, until the process ends.
+    std::mem::forget(socket);
     format!("http://{address}")
 }
 

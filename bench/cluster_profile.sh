@@ -15,13 +15,7 @@ CONNECTIONS=${CONNECTIONS:-50}
 DURATION=${DURATION:-16s}
 PERF_SECONDS=${PERF_SECONDS:-8}
 OUT=${OUT:-$(mktemp -d /var/tmp/ttlwheel-cluster-profile.XXXXXX)}
-TARGET_DIR=${CARGO_TARGET_DIR:-target}
-if [ -z "${SERVER:-}" ]; then
-    cargo build --release --quiet -p ttlwheel --bin ttlwheel
-    SERVER=$TARGET_DIR/release/ttlwheel
-fi
-cargo build --release --quiet -p ttlwheel-load
-LOAD=$TARGET_DIR/release/ttlwheel-load
+build_server_and_load
 PERF_PIDS=()
 cleanup() {
     local pid

@@ -12,13 +12,7 @@ source bench/lib.sh
 source bench/cluster_lib.sh
 CONNECTIONS=${CONNECTIONS:-1}
 WINDOW=${WINDOW:-5}
-TARGET_DIR=${CARGO_TARGET_DIR:-target}
-if [ -z "${SERVER:-}" ]; then
-    cargo build --release --quiet -p ttlwheel --bin ttlwheel
-    SERVER=$TARGET_DIR/release/ttlwheel
-fi
-cargo build --release --quiet -p ttlwheel-load
-LOAD=$TARGET_DIR/release/ttlwheel-load
+build_server_and_load
 OUT=${OUT:-$(mktemp -d /var/tmp/ttlwheel-cluster-threads.XXXXXX)}
 trap stop_members EXIT
 

@@ -21,6 +21,18 @@ serve() {
   until curl -sf "http://$TARGET/healthz" >/dev/null 2>&1; do sleep 0.01; done
 }
 
+# Builds what a script runs and sets SERVER (the release ttlwheel, unless SERVER is given: a
+# binary built elsewhere, to compare) and LOAD (ttlwheel-load), in CARGO_TARGET_DIR if set.
+build_server_and_load() {
+    local target_dir=${CARGO_TARGET_DIR:-target}
+    if [ -z "${SERVER:-}" ]; then
+        cargo build --release --quiet -p ttlwheel --bin ttlwheel
+        SERVER=$target_dir/release/ttlwheel
+    fi
+    cargo build --release --quiet -p ttlwheel-load
+    LOAD=$target_dir/release/ttlwheel-load
+}
+
 # Resident memory of process $1, in KiB.
 rss_kb() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 

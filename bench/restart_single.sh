@@ -8,16 +8,11 @@
 # Binds 127.0.0.1 only; every process it starts is stopped by PID.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/lib.sh
 KEYS=${KEYS:-1000000}
 ROUNDS=${ROUNDS:-3}
 PORT=${PORT:-17991}
-TARGET_DIR=${CARGO_TARGET_DIR:-target}
-if [ -z "${SERVER:-}" ]; then
-    cargo build --release --quiet -p ttlwheel --bin ttlwheel
-    SERVER=$TARGET_DIR/release/ttlwheel
-fi
-cargo build --release --quiet -p ttlwheel-load
-LOAD=$TARGET_DIR/release/ttlwheel-load
+build_server_and_load
 DIR=$(mktemp -d /var/tmp/ttlwheel-restart.XXXXXX)
 PID=
 trap '[ -n "$PID" ] && kill -9 "$PID" 2>/dev/null; rm -rf "$DIR"' EXIT

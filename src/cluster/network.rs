@@ -254,8 +254,10 @@ pub struct PeerClient {
 pub const MAX_APPEND_BYTES: usize = 128 * 1024;
 
 /// How many of `entries`, from the first, fit in [`MAX_APPEND_BYTES`] (at least one): by
-/// their commands' approximate encodings, as base64 in JSON (4/3 of it).
-fn entries_that_fit(entries: &[openraft::Entry<TypeConfig>]) -> usize {
+/// their commands' approximate encodings, as base64 in JSON (4/3 of it). The log store reads
+/// no more than this for a replication (`LogStore::limited_get_log_entries`), so a payload
+/// is refused here only when another reader chose the entries.
+pub(super) fn entries_that_fit(entries: &[openraft::Entry<TypeConfig>]) -> usize {
     let mut bytes = 0;
     for (n, entry) in entries.iter().enumerate() {
         bytes += match &entry.payload {

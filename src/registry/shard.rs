@@ -24,7 +24,8 @@
 
 use std::collections::HashMap;
 
-use super::listing::{ExpiredLog, ExpiredRecord, ListFilter, OrderedIndex, SlotSet};
+use super::expired::{ExpiredLog, ExpiredRecord};
+use super::listing::{ListFilter, OrderedIndex, SlotSet};
 use super::services::ServiceId;
 use super::slots::Slots;
 use super::table::{KeyHash, KeyTable};
@@ -930,15 +931,15 @@ impl Shard {
     /// silently; an expiry (`expired`: when, and the last heartbeat) puts it on the expired
     /// list with the service and metadata it had.
     pub fn restore_removal(&mut self, key: Keyed<'_>, expired: Option<(u64, u64)>, ctx: &Ctx<'_>) {
-        let entry = self.find(key).map(|slot| self.detach(slot, ctx));
-        let key = key.0;
+        let entry = self.find(key).map(|slot| self.detach(slot, ctx).0);
+        let (key, hash) = key;
         let Some((expired_unix_ms, last_heartbeat_unix_ms)) = expired else {
             return;
         };
         let (service, meta) = match entry {
             Some(entry) => (entry.service, entry.meta),
             // Already expired in the snapshot this replay started from: keep what it listed.
-            None => match self.expired.get(key) {
+            None => match self.expired.get(key, hash) {
                 Some(record) => (record.service, record.meta.clone()),
                 None => (ServiceId::NONE, None),
             },
@@ -949,7 +950,7 @@ impl Shard {
             last_heartbeat_unix_ms,
             expired_unix_ms,
         };
-        self.expired.record(key.clone(), record);
+        self.expired.record(key.clone(), hash, record);
     }
 
     /// Removes every key and the whole expired list, with no event and no record (the state a
@@ -985,7 +986,7 @@ impl Shard {
     /// alive.
     pub fn restore_expired(&mut self, key: Key, hash: KeyHash, record: ExpiredRecord) {
         if self.find((&key, hash)).is_none() {
-            self.expired.record(key, record);
+            self.expired.record(key, hash, record);
         }
     }
 
@@ -1188,7 +1189,7 @@ impl Shard {
             );
         }
         self.expired
-            .check_invariants(|key| self.find((key, hash_of(key))).is_some());
+            .check_invariants(|key| self.find((key, hash_of(key))).is_some(), hash_of);
     }
 
     /// A wheel entry's element is where its timer says: in a bucket the wheel holds, in the
@@ -1328,7 +1329,7 @@ impl Shard {
     /// Stores a new key's entry (its key has `hash`) and adds it to the table.
     fn insert(&mut self, hash: KeyHash, entry: Entry) -> SlotId {
         let service = entry.service;
-        self.expired.forget(&entry.key);
+        self.expired.forget(&entry.key, hash);
         let slot = self.slots.insert(entry);
         self.table.insert(hash, slot);
         if let Some(ordered) = &mut self.ordered {
@@ -1359,7 +1360,7 @@ impl Shard {
 
     /// Removes the key in `slot` from every structure, and queues its event and log record.
     fn remove(&mut self, slot: SlotId, kind: EventKind, ctx: &Ctx<'_>, now_ms: u64) {
-        let entry = self.detach(slot, ctx);
+        let (entry, hash) = self.detach(slot, ctx);
         let event = event_of(kind, &entry, ctx, now_ms);
         let at_unix_ms = ctx.clock.unix_ms(now_ms);
         if ctx.journal.is_some() {
@@ -1379,13 +1380,14 @@ impl Shard {
             });
         }
         if kind == EventKind::Expired {
-            self.add_to_expired_list(entry, at_unix_ms);
+            self.add_to_expired_list(entry, hash, at_unix_ms);
         }
         self.pend(event);
     }
 
-    /// Takes the key in `slot` out of every structure, silently, and returns its entry.
-    fn detach(&mut self, slot: SlotId, ctx: &Ctx<'_>) -> Entry {
+    /// Takes the key in `slot` out of every structure, silently, and returns its entry and its
+    /// key's hash.
+    fn detach(&mut self, slot: SlotId, ctx: &Ctx<'_>) -> (Entry, KeyHash) {
         ctx.free_key();
         self.unschedule(slot);
         if let Some(ordered) = &mut self.ordered {
@@ -1402,20 +1404,21 @@ impl Shard {
             }
         }
         let entry = self.slots.remove(slot);
-        self.table.remove(ctx.hash(&entry.key), slot);
+        let hash = ctx.hash(&entry.key);
+        self.table.remove(hash, slot);
         self.count_service(entry.service, -1);
-        entry
+        (entry, hash)
     }
 
     /// Puts an expired key on the expired list.
-    fn add_to_expired_list(&mut self, entry: Entry, expired_unix_ms: u64) {
+    fn add_to_expired_list(&mut self, entry: Entry, hash: KeyHash, expired_unix_ms: u64) {
         let record = ExpiredRecord {
             service: entry.service,
             meta: entry.meta,
             last_heartbeat_unix_ms: entry.last_heartbeat_unix_ms,
             expired_unix_ms,
         };
-        self.expired.record(entry.key, record);
+        self.expired.record(entry.key, hash, record);
     }
 
     /// Queues the log record of the key in `slot`'s whole state (when a journal is attached).

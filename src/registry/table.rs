@@ -106,6 +106,15 @@ impl KeyTable {
         }
     }
 
+    /// Takes out the elements of every `(hash, slot)` in `removals`, each in the table. One
+    /// tight loop, so that the cache misses of consecutive removals overlap (see
+    /// `Shard::begin_mass_removal`).
+    pub fn remove_all(&mut self, removals: &[(KeyHash, SlotId)]) {
+        for &(hash, slot) in removals {
+            self.remove(hash, slot);
+        }
+    }
+
     /// Checks that the table holds exactly one element for each of the `n_live` slots, tagged
     /// with its key's hash (`hash_of(slot)`, `None` for a slot that is not live). Panics naming
     /// the first difference. O(elements): for tests.

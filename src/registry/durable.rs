@@ -17,7 +17,7 @@ use super::Registry;
 use crate::persist::journal::{Journal, Lsn};
 use crate::persist::record::{ExpiredState, Record};
 use crate::persist::store::{DataDir, StoreError};
-use crate::registry::listing::ExpiredRecord;
+use crate::registry::expired::ExpiredRecord;
 use crate::registry::services::{Pin, ServiceId};
 use crate::types::ServiceName;
 

@@ -24,6 +24,7 @@
 //! (exactly one `expired` event either way).
 
 mod durable;
+mod expired;
 pub mod guard;
 mod holding;
 mod listing;
@@ -43,9 +44,10 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+pub use expired::ExpiredRecord;
 pub use guard::{GuardConfig, GuardError};
 pub use holding::GuardStatus;
-pub use listing::{ExpiredRecord, ListFilter};
+pub use listing::ListFilter;
 pub use ops::{
     ExpireAt, ExpireCondition, ExpireOutcome, ExpiredView, Heartbeat, HeartbeatOutcome, KeyCounts,
     KeyState, KeyView, RegistryError, ServiceCounts, ServicesOverview,

@@ -47,7 +47,7 @@ impl KeyHash {
         (self.0 >> 16) as usize
     }
 
-    fn tag(self) -> u32 {
+    pub fn tag(self) -> u32 {
         (self.0 >> 32) as u32
     }
 }
@@ -62,7 +62,7 @@ struct Tagged {
 /// The hash the table probes with, rebuilt from a tag alone (so a resize reads no entry).
 /// Both halves are the tag: hashbrown takes the probe position from the low bits and the
 /// control byte from the top seven, which are then the tag's low and top bits.
-fn table_hash(tag: u32) -> u64 {
+pub(super) fn table_hash(tag: u32) -> u64 {
     (u64::from(tag) << 32) | u64::from(tag)
 }
 
@@ -103,6 +103,15 @@ impl KeyTable {
                 element.remove();
             }
             Err(_) => debug_assert!(false, "slot {slot} is not in the key table"),
+        }
+    }
+
+    /// Takes out the elements of every `(hash, slot)` in `removals`, each in the table. One
+    /// tight loop, so that the cache misses of consecutive removals overlap (see
+    /// `Shard::begin_mass_removal`).
+    pub fn remove_all(&mut self, removals: &[(KeyHash, SlotId)]) {
+        for &(hash, slot) in removals {
+            self.remove(hash, slot);
         }
     }
 

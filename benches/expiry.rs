@@ -626,21 +626,22 @@ fn listing(c: &mut Criterion) {
 /// the measurement), as the ticker meets it: the keys' bucket is handed over to the last
 /// second's millisecond groups when that second begins, and expired when their millisecond
 /// comes (`on-time`); and by a ticker that reaches the tick only after the deadline passed,
-/// which expires them as it hands them over (`late`). Also prints the longest single sweep
-/// step, which bounds how long one shard lock is held.
+/// which expires them as it hands them over (`late`). The same for 1M keys with a TTL that is
+/// not whole seconds, so on the heap (`heap-engine/due`, `heap/due`). Also prints the longest
+/// single sweep step, which bounds how long one shard lock is held.
 fn mass_eviction(c: &mut Criterion) {
     let n = 1_000_000.min(sizes().last().map_or(0, |(n, _)| *n));
     let keys = keys(n);
     // Heartbeats 500 ms into the registry's time, TTL 1 s: deadline 1500 ms, in tick 2, whose
     // last second begins at 1000 ms.
-    let setup_with = |config: RegistryConfig| {
+    let setup_with_ttl = |config: RegistryConfig, ttl: Ttl| {
         let epoch = Instant::now();
         let registry = Registry::new(config, epoch);
         let events = registry.subscribe();
         for key in keys.iter() {
             let heartbeat = Heartbeat {
                 key: key.clone(),
-                ttl: Ttl::from_secs(1).unwrap(),
+                ttl,
                 service: None,
                 meta: None,
             };
@@ -650,6 +651,7 @@ fn mass_eviction(c: &mut Criterion) {
         }
         (registry, events, epoch)
     };
+    let setup_with = |config: RegistryConfig| setup_with_ttl(config, Ttl::from_secs(1).unwrap());
     let at = |epoch: Instant, ms: u64| epoch + Duration::from_millis(ms);
     // The guard off: on, it would (rightly) hold a mass expiry instead of expiring it.
     let service = RegistryConfig {
@@ -692,6 +694,21 @@ fn mass_eviction(c: &mut Criterion) {
         group.bench_function(format!("{name}/late"), |b| {
             b.iter_batched(
                 || setup_with(config.clone()),
+                |(registry, events, epoch)| {
+                    while registry.sweep(at(epoch, 2_000), 16 * 1024).more {}
+                    assert_eq!(registry.len(), 0, "every key expired");
+                    (registry, events)
+                },
+                BatchSize::PerIteration,
+            )
+        });
+    }
+    // The heap's keys (a TTL of 1.5 s, not whole seconds): heartbeats at 500 ms, all due at
+    // 2,000 ms, expired by one sweep then.
+    for (name, config) in [("heap-engine", bare.clone()), ("heap", service.clone())] {
+        group.bench_function(format!("{name}/due"), |b| {
+            b.iter_batched(
+                || setup_with_ttl(config.clone(), Ttl::from_millis(1_500).unwrap()),
                 |(registry, events, epoch)| {
                     while registry.sweep(at(epoch, 2_000), 16 * 1024).more {}
                     assert_eq!(registry.len(), 0, "every key expired");

@@ -671,7 +671,8 @@ impl Shard {
         (handled, n_expired, more)
     }
 
-    /// Before a sweep step lets up to `removals` keys leave at once (until
+    /// Before a sweep step (of the wheel's last second, of a late tick, of the heap, or of a
+    /// guard's release) lets up to `removals` keys leave at once (until
     /// [`Shard::finish_mass_removal`], in the same lock hold):
     /// - when that is a good part of the listing, they are taken out of it in one pass at the
     ///   end (see `listing::SortedSlots::remove_all`), not one search each;
@@ -765,13 +766,18 @@ impl Shard {
     /// how many it handled, how many of them expired, and whether more are due.
     pub fn expire_due_heap(&mut self, max: usize, ctx: &Ctx<'_>, now: Now) -> (usize, usize, bool) {
         let now_ms = now.ms;
-        let (mut handled, mut n_expired) = (0, 0);
+        let any_due = self.heap.peek().is_some_and(|(at, _)| at <= now_ms);
+        if any_due && !ctx.holding {
+            self.begin_mass_removal(self.heap.count_due(now_ms, max), ctx);
+        }
+        let (mut handled, mut n_expired, mut more) = (0, 0, false);
         while let Some((deadline_ms, slot)) = self.heap.peek() {
             if deadline_ms > now_ms {
-                return (handled, n_expired, false);
+                break;
             }
             if handled == max {
-                return (handled, n_expired, true);
+                more = true;
+                break;
             }
             if ctx.holding {
                 self.hold(slot);
@@ -781,7 +787,8 @@ impl Shard {
             }
             handled += 1;
         }
-        (handled, n_expired, false)
+        self.finish_mass_removal();
+        (handled, n_expired, more)
     }
 
     /// Live keys filed at `tick` (known before it is swept: for the guard).
@@ -802,10 +809,12 @@ impl Shard {
     /// Expires up to `max` held keys (the guard is releasing them). Returns how many.
     pub fn release_held(&mut self, max: usize, ctx: &Ctx<'_>, now: Now) -> usize {
         let n = max.min(self.held.len());
+        self.begin_mass_removal(n, ctx);
         for _ in 0..n {
             let slot = *self.held.last().expect("n <= held");
             self.expire_due(slot, ctx, now.ms);
         }
+        self.finish_mass_removal();
         n
     }
 

@@ -37,4 +37,10 @@ sleep 1.5
 grep 'preloaded' "$OUT/growth.log"
 wait "$SAMPLER" || { echo "the sampler failed: see $OUT/sampler.log" >&2; exit 1; }
 grep -v '^RESULT' "$OUT/sampler.log" | grep -v preloaded
+echo "server CPU (user + system) since start: $(cpu_s "$PID") s"
+# By thread name (the stream feed runs on the main thread, named after the binary).
+for task in /proc/"$PID"/task/*; do
+  awk -v hz="$(getconf CLK_TCK)" '{sub(/^[0-9]+ \(/, ""); name = $0; sub(/\).*/, "", name);
+    sub(/^[^)]*\) /, ""); print name, ($12 + $13) / hz}' "$task/stat"
+done | awk '{cpu[$1] += $2} END {for (n in cpu) if (cpu[n] >= 0.5) printf "  %s %.1f s\n", n, cpu[n]}' | sort
 echo "server RSS after growth: $(awk '/VmRSS/ {printf "%.0f MB", $2 / 1024}' "/proc/$PID/status")"

@@ -459,7 +459,8 @@ pub async fn feed(mut events: EventReceiver, hub: Arc<EventHub>, observe: impl F
         }
         // Let other tasks run between full batches (see `notify::dispatch`): a mass expiry is
         // a million events, and a receive only yields when tokio's budget runs out. After a
-        // batch that emptied the queue, the next receive waits, which yields.
+        // batch that emptied the queue, the next receive usually waits, which yields (and the
+        // budget still bounds a run of receives that never wait).
         if more_queued {
             tokio::task::yield_now().await;
         }

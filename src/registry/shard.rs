@@ -687,8 +687,8 @@ impl Shard {
     /// Nothing may find a key or list in between: the slots freed meanwhile are still in the
     /// table and the listing. A sweep step only removes.
     fn begin_mass_removal(&mut self, removals: usize, ctx: &Ctx<'_>) {
-        if removals == 0 || ctx.holding || ctx.config.replicated {
-            return; // held keys and a member's expiring keys stay in the table
+        if removals == 0 || !Self::removes_in_bulk(ctx) {
+            return;
         }
         self.removing_in_bulk = true;
         if self.ordered.is_some() && removals * UNLIST_IN_ONE_PASS >= self.slots.len() {
@@ -698,6 +698,12 @@ impl Shard {
         if spare < removals {
             self.pending_events.reserve_exact(removals);
         }
+    }
+
+    /// Whether a sweep step removes the keys it handles (held keys and a cluster member's
+    /// expiring keys stay in the table), so [`Shard::begin_mass_removal`] applies.
+    fn removes_in_bulk(ctx: &Ctx<'_>) -> bool {
+        !ctx.holding && !ctx.config.replicated
     }
 
     /// Ends [`Shard::begin_mass_removal`]: the table and the listing let go of the keys removed.
@@ -767,7 +773,7 @@ impl Shard {
     pub fn expire_due_heap(&mut self, max: usize, ctx: &Ctx<'_>, now: Now) -> (usize, usize, bool) {
         let now_ms = now.ms;
         let any_due = self.heap.peek().is_some_and(|(at, _)| at <= now_ms);
-        if any_due && !ctx.holding {
+        if any_due && Self::removes_in_bulk(ctx) {
             self.begin_mass_removal(self.heap.count_due(now_ms, max), ctx);
         }
         let (mut handled, mut n_expired, mut more) = (0, 0, false);

@@ -1368,6 +1368,23 @@ impl Shard {
         None
     }
 
+    /// Reads what heartbeats on the keys with `hashes` will read, so that it is in the cache
+    /// when they come (see `Registry::warm` for why), and changes nothing: the table's groups
+    /// and elements, then the entries the elements point to. One loop per kind of read, so that
+    /// the reads within a loop do not wait for each other. Returns a value read, for the caller
+    /// to keep the loads from being optimized away.
+    pub fn warm(&self, hashes: impl Iterator<Item = KeyHash>, found: &mut Vec<SlotId>) -> u64 {
+        found.clear();
+        found.extend(hashes.filter_map(|hash| self.table.first_with_tag(hash)));
+        let mut read = 0u64;
+        for &slot in found.iter() {
+            let entry = self.slots.entry(slot);
+            let timer = entry.timer;
+            read ^= entry.deadline_ms ^ u64::from(timer.tick) ^ entry.key.as_str().len() as u64;
+        }
+        read
+    }
+
     /// The slot of `key`, if it is in this shard.
     fn find(&self, (key, hash): Keyed<'_>) -> Option<SlotId> {
         self.table

@@ -39,7 +39,13 @@ pub(super) struct KeyHash(pub u64);
 
 impl KeyHash {
     pub fn of(hasher: &RandomState, key: &Key) -> Self {
-        Self(hasher.hash_one(key.as_str()))
+        Self::of_str(hasher, key.as_str())
+    }
+
+    /// The hash of a key not yet validated as a [`Key`] (for `Registry::warm`, which reads a
+    /// batch's keys before they are applied): the same hash the key gets once it is one.
+    pub fn of_str(hasher: &RandomState, key: &str) -> Self {
+        Self(hasher.hash_one(key))
     }
 
     /// The bits the registry picks a shard from (mask them with the shard count).
@@ -81,6 +87,16 @@ impl KeyTable {
             .find(table_hash(tag), |element| {
                 element.tag == tag && is_key(element.slot)
             })
+            .map(|element| element.slot)
+    }
+
+    /// The slot of the first element tagged like `hash`, found without reading any entry: the
+    /// key's own slot but for a tag shared in this shard (one time in billions). A hint only,
+    /// for warming the cache before the real lookup ([`Shard::warm`](super::shard::Shard::warm)).
+    pub fn first_with_tag(&self, hash: KeyHash) -> Option<SlotId> {
+        let tag = hash.tag();
+        (self.table)
+            .find(table_hash(tag), |element| element.tag == tag)
             .map(|element| element.slot)
     }
 

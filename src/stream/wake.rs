@@ -84,6 +84,19 @@ impl WakePacer {
         }
     }
 
+    /// `events` events were appended at `now` in one go, after they gathered on the bus while
+    /// a busy feed rested (`stream::feed`): they count as that many appends, as each would have
+    /// been one had the feed taken them as they came, so resting does not make a busy feed
+    /// look quiet.
+    pub fn appended_gathered(&mut self, now: Instant, events: usize) -> Instant {
+        let due = self.appended(now);
+        if self.busy {
+            let more = u32::try_from(events.saturating_sub(1)).unwrap_or(u32::MAX);
+            self.appends = self.appends.saturating_add(more);
+        }
+        due
+    }
+
     /// The readers were woken at `now`.
     pub fn woke(&mut self, now: Instant) {
         self.last_wake = Some(now);

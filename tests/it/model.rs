@@ -37,6 +37,10 @@ enum Op {
     /// Time passes and the ticker makes one call with a small budget, which may leave a
     /// detached bucket half processed until the next sweep.
     SweepStep(u64, usize),
+    /// A batch's next keys read into the cache before they are applied (`Registry::warm`):
+    /// it must change nothing the model or the invariant check can see, whatever state the
+    /// keys are in (absent, due, held in a detached bucket, with stale wheel elements).
+    Warm(Vec<usize>),
 }
 
 fn condition() -> impl Strategy<Value = Option<ExpireCondition>> {
@@ -67,6 +71,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => prop_oneof![0u64..1_200, Just(1_000u64)].prop_map(Op::Advance),
         1 => (0u64..6_000).prop_map(Op::Stall),
         2 => (0u64..1_500, 1usize..4).prop_map(|(ms, budget)| Op::SweepStep(ms, budget)),
+        1 => prop::collection::vec(0..KEYS.len(), 1..8).prop_map(Op::Warm),
     ]
 }
 
@@ -274,6 +279,7 @@ fn run(ops: &[Op], mut harness: Harness) {
                 harness.stall(ms);
                 harness.registry.sweep(harness.now(), budget);
             }
+            Op::Warm(ref ks) => harness.registry.warm(ks.iter().map(|&k| KEYS[k])),
         }
         // Every structure of every shard, and the sweep in progress, after every step.
         harness.registry.check_invariants();

@@ -651,6 +651,22 @@ mod tests {
         assert_eq!(text.matches("\n\n").count(), 1, "{text}");
     }
 
+    /// Records each wake-up of the hub's readers (when, and the newest event announced) until
+    /// event `last` is announced.
+    fn watch_wakes(hub: &EventHub, last: u64) -> tokio::task::JoinHandle<Vec<(Instant, u64)>> {
+        let mut latest = hub.subscribe_latest();
+        tokio::spawn(async move {
+            let mut wakes = Vec::new();
+            while latest.changed().await.is_ok() {
+                wakes.push((Instant::now(), *latest.borrow_and_update()));
+                if wakes.last().is_some_and(|&(_, seq)| seq == last) {
+                    break;
+                }
+            }
+            wakes
+        })
+    }
+
     /// Paused time: the clock moves only when every task waits, so "at once" is "with no time
     /// passing".
     #[tokio::test(start_paused = true)]
@@ -671,19 +687,7 @@ mod tests {
         // A burst (an event every millisecond, the timer's grain, for 100 ms): the first few
         // wake at once, then the readers are woken once per interval with what gathered.
         let burst_start = Instant::now();
-        let watcher = tokio::spawn({
-            let mut latest = hub.subscribe_latest();
-            async move {
-                let mut wakes = Vec::new();
-                while latest.changed().await.is_ok() {
-                    wakes.push((Instant::now(), *latest.borrow_and_update()));
-                    if wakes.last().is_some_and(|&(_, seq)| seq == 120) {
-                        break;
-                    }
-                }
-                wakes
-            }
-        });
+        let watcher = watch_wakes(&hub, 120);
         for n in 21..=120 {
             bus.publish(vec![event(n)]);
             tokio::time::sleep(Duration::from_millis(1)).await;
@@ -726,19 +730,7 @@ mod tests {
         let bus = crate::events::EventBus::default();
         let hub = Arc::new(EventHub::new(10_000, usize::MAX));
         let feeder = tokio::spawn(feed(bus.subscribe(), Arc::clone(&hub), |_| {}));
-        let watcher = tokio::spawn({
-            let mut latest = hub.subscribe_latest();
-            async move {
-                let mut wakes = Vec::new();
-                while latest.changed().await.is_ok() {
-                    wakes.push((Instant::now(), *latest.borrow_and_update()));
-                    if wakes.last().is_some_and(|&(_, seq)| seq == 200) {
-                        break;
-                    }
-                }
-                wakes
-            }
-        });
+        let watcher = watch_wakes(&hub, 200);
         // An event every millisecond for 200 ms: busy after the first few.
         let start = Instant::now();
         let mut lagging = 0;

@@ -127,6 +127,8 @@ pub async fn events_stream(
             state.max_stream_clients
         )));
     }
+    // A busy feed may still hold events published before this request: start after them.
+    hub.settled().await;
     let resume_from = headers
         .get("last-event-id")
         .map(|value| value.to_str().ok().and_then(|id| hub.resume(id)));

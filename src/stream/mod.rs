@@ -27,12 +27,12 @@ pub mod log_ids;
 mod ring;
 pub mod wake;
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
 use serde::Serialize;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
 use crate::events::{Event, EventData, EventReceiver};
@@ -101,6 +101,10 @@ pub struct EventHub {
     dropped_clients: AtomicU64,
     /// Events that dropped clients had not read when they were dropped.
     dropped_events: AtomicU64,
+    /// The feed rests (see [`feed`]): events published may still be on the bus, not here.
+    resting: AtomicBool,
+    /// Told when the feed stops resting, with every event published before in the ring.
+    rested: Notify,
 }
 
 /// The `data` of a stream event: the webhook payload's `data` and its `type`.
@@ -128,6 +132,8 @@ impl EventHub {
             clients: AtomicUsize::new(0),
             dropped_clients: AtomicU64::new(0),
             dropped_events: AtomicU64::new(0),
+            resting: AtomicBool::new(false),
+            rested: Notify::new(),
         }
     }
 
@@ -270,6 +276,27 @@ impl EventHub {
         sse_frame(&self.id_of(seq), name, &json)
     }
 
+    /// Waits until the ring holds every event published before the call, as a client that
+    /// connects must start after them: while the feed rests, until it has taken them in (by
+    /// its next announcement, within an interval). At once otherwise.
+    pub async fn settled(&self) {
+        let rested = self.rested.notified();
+        tokio::pin!(rested);
+        // Registered before the flag is read, so a rest that ends in between is not missed.
+        rested.as_mut().enable();
+        if self.resting.load(Ordering::Acquire) {
+            rested.await;
+        }
+    }
+
+    /// The feed says whether it rests.
+    fn set_resting(&self, resting: bool) {
+        let was = self.resting.swap(resting, Ordering::AcqRel);
+        if was && !resting {
+            self.rested.notify_waiters();
+        }
+    }
+
     /// The `seq` of the newest event in the ring (0 before any event), which readers may not
     /// have been told of yet.
     pub fn newest(&self) -> u64 {
@@ -371,9 +398,9 @@ pub fn sse_frame(id: &str, event: &str, data: &str) -> Vec<u8> {
 /// Drains the registry's bus into the ring as events come, calling `observe` on each event
 /// first (metrics), and wakes the readers when [`wake::WakePacer`] says: at once while events
 /// are sparse, at most once per [`WAKE_INTERVAL`] while they keep coming. A quiet feed appends
-/// events at once, so a client that connects starts after every event fed so far; a busy one
-/// takes them off the bus when it wakes the readers (see `resting` below), so a client that
-/// connects then may also get the events of the last interval. On a
+/// events at once; a busy one takes them off the bus when it wakes the readers (see `resting`
+/// below), and a client that connects meanwhile waits for that ([`EventHub::settled`]), so a
+/// client starts after every event published before it connected. On a
 /// cluster member, a snapshot installed is marked in the ring once every event published before
 /// it is in, and the readers are woken at once. Runs until the bus closes or the task is
 /// aborted.
@@ -395,7 +422,7 @@ pub async fn feed(mut events: EventReceiver, hub: Arc<EventHub>, observe: impl F
     // event as it comes: a receiver that waits on the bus is woken by every publish (one per
     // heartbeat that creates a key), and each wake-up is a system call on the publishing
     // thread and on this one. Measured (2M keys registered through batches, 2 cores): 27-36k
-    // wake-ups, or 150-230k and twice the time, depending on how the threads happened to
+    // wake-ups, or 150-300k and twice the time, depending on how the threads happened to
     // interleave in a given build. Resting, the events wait in the bus, and the readers would
     // not have seen them before the announcement anyway.
     let mut resting = false;
@@ -481,6 +508,7 @@ pub async fn feed(mut events: EventReceiver, hub: Arc<EventHub>, observe: impl F
             }
             Next::Closed => {
                 hub.wake();
+                hub.set_resting(false);
                 return;
             }
         }
@@ -491,6 +519,7 @@ pub async fn feed(mut events: EventReceiver, hub: Arc<EventHub>, observe: impl F
             armed = None;
             resting = false;
         }
+        hub.set_resting(resting || catching_up);
         // Let other tasks run between full batches (see `notify::dispatch`): a mass expiry is
         // a million events, and a receive only yields when tokio's budget runs out. After a
         // batch that emptied the queue, the next receive usually waits, which yields (and the
@@ -759,11 +788,18 @@ mod tests {
         let mut latest = hub.subscribe_latest();
         bus.publish(vec![event(201)]);
         tokio::time::sleep(Duration::from_millis(1)).await;
-        assert!(hub.newest() == 201, "the feed took the first event");
+        assert_eq!(hub.newest(), 201, "the feed took the first event");
         let published_at = Instant::now();
         bus.publish((202..=3201).map(event).collect());
         tokio::time::sleep(Duration::from_millis(1)).await;
         assert_eq!(hub.newest(), 201, "the feed rests");
+        hub.settled().await;
+        assert_eq!(
+            hub.newest(),
+            3201,
+            "a client that connects now starts after all of it"
+        );
+        assert!(published_at.elapsed() <= WAKE_INTERVAL);
         loop {
             latest.changed().await.unwrap();
             let seq = *latest.borrow_and_update();

@@ -395,6 +395,15 @@ pub fn sse_frame(id: &str, event: &str, data: &str) -> Vec<u8> {
     format!("id: {id}\nevent: {event}\ndata: {data}\n\n").into_bytes()
 }
 
+/// Clears the hub's resting flag when dropped (see [`feed`]).
+struct StopsResting(Arc<EventHub>);
+
+impl Drop for StopsResting {
+    fn drop(&mut self) {
+        self.0.set_resting(false);
+    }
+}
+
 /// Drains the registry's bus into the ring as events come, calling `observe` on each event
 /// first (metrics), and wakes the readers when [`wake::WakePacer`] says: at once while events
 /// are sparse, at most once per [`WAKE_INTERVAL`] while they keep coming. A quiet feed appends
@@ -426,6 +435,9 @@ pub async fn feed(mut events: EventReceiver, hub: Arc<EventHub>, observe: impl F
     // interleave in a given build. Resting, the events wait in the bus, and the readers would
     // not have seen them before the announcement anyway.
     let mut resting = false;
+    // However the feed ends (the bus closed, the task aborted or panicked), no client that
+    // connects later may wait for it to stop resting.
+    let _stops_resting = StopsResting(Arc::clone(&hub));
     // The announcement came while resting: what waited on the bus is taken in first, and the
     // readers woken once it is (so resting delays no event past its announcement).
     let mut catching_up = false;
@@ -508,7 +520,6 @@ pub async fn feed(mut events: EventReceiver, hub: Arc<EventHub>, observe: impl F
             }
             Next::Closed => {
                 hub.wake();
-                hub.set_resting(false);
                 return;
             }
         }
@@ -813,6 +824,31 @@ mod tests {
         }
         assert!(published_at.elapsed() <= WAKE_INTERVAL);
         feeder.abort();
+    }
+
+    /// A feed that ends while it rests (aborted at shutdown, or panicked) leaves no client that
+    /// connects later waiting for it.
+    #[tokio::test(start_paused = true)]
+    async fn a_feed_aborted_while_resting_leaves_no_client_waiting() {
+        let bus = crate::events::EventBus::default();
+        let hub = Arc::new(EventHub::new(10_000, usize::MAX));
+        let feeder = tokio::spawn(feed(bus.subscribe(), Arc::clone(&hub), |_| {}));
+        // An event a millisecond until the busy feed rests (it does within the first 30).
+        for n in 1..=100 {
+            bus.publish(vec![event(n)]);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            if n > 30 && hub.resting.load(Ordering::Acquire) {
+                break;
+            }
+        }
+        assert!(hub.resting.load(Ordering::Acquire), "the busy feed rests");
+        feeder.abort();
+        let _ = feeder.await;
+        let settled = tokio::time::timeout(Duration::from_secs(3600), hub.settled()).await;
+        assert!(
+            settled.is_ok(),
+            "a client connecting now would wait for ever"
+        );
     }
 
     #[test]

@@ -13,6 +13,11 @@
 //! [`EventReceiver::backlog`]. Consumers that must bound their own memory (webhook delivery, live
 //! streams) drain this queue promptly into their own bounded structures, where they count what
 //! they shed. A subscriber that is dropped is unsubscribed at the next publish.
+//!
+//! A subscriber may take only some kinds of event ([`EventBus::subscribe_to`]): the bus then
+//! never queues the others for it, so it is not woken for them. Webhooks never send
+//! `registered` events, and a webhook dispatcher woken for each creation only to drop it was
+//! a wake-up per heartbeat batch under a registration load.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -70,6 +75,11 @@ pub struct Event {
 }
 
 impl EventKind {
+    /// The kind's bit in a [`Kinds`] set.
+    fn bit(self) -> u8 {
+        1 << self as u8
+    }
+
     /// The event's name in the live stream: `registered`, `expired`, `deleted`.
     pub fn stream_name(self) -> &'static str {
         match self {
@@ -174,7 +184,24 @@ impl Serialize for EventData<'_> {
     }
 }
 
-/// A batch of events, shared by every subscriber.
+/// A set of event kinds: what a subscriber takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kinds(u8);
+
+impl Kinds {
+    /// Every kind, including any added later.
+    pub const ALL: Self = Self(u8::MAX);
+
+    pub fn of(kinds: &[EventKind]) -> Self {
+        Self(kinds.iter().fold(0, |bits, kind| bits | kind.bit()))
+    }
+
+    pub fn contains(self, kind: EventKind) -> bool {
+        self.0 & kind.bit() != 0
+    }
+}
+
+/// A batch of events, shared by every subscriber that takes all of them.
 type Batch = Arc<Vec<Event>>;
 
 /// One subscriber's end as the bus sees it.
@@ -185,6 +212,33 @@ struct Subscriber {
     backlog: Arc<AtomicUsize>,
     /// Events ever sent.
     published: Arc<AtomicU64>,
+    /// What it takes: the bus sends it nothing else.
+    kinds: Kinds,
+}
+
+impl Subscriber {
+    /// What of `batch` this subscriber takes: all of it shared, a copy of the part it takes,
+    /// or nothing.
+    fn share_of(&self, batch: &Batch) -> Option<Batch> {
+        if self.kinds == Kinds::ALL {
+            return Some(Arc::clone(batch));
+        }
+        let taken = batch
+            .iter()
+            .filter(|event| self.kinds.contains(event.kind))
+            .count();
+        match taken {
+            0 => None,
+            n if n == batch.len() => Some(Arc::clone(batch)),
+            _ => Some(Arc::new(
+                batch
+                    .iter()
+                    .filter(|event| self.kinds.contains(event.kind))
+                    .cloned()
+                    .collect(),
+            )),
+        }
+    }
 }
 
 /// Fans events out to every current subscriber.
@@ -246,7 +300,13 @@ impl EventReceiver {
 }
 
 impl EventBus {
+    /// A subscriber to every event.
     pub fn subscribe(&self) -> EventReceiver {
+        self.subscribe_to(Kinds::ALL)
+    }
+
+    /// A subscriber to the events of `kinds` only.
+    pub fn subscribe_to(&self, kinds: Kinds) -> EventReceiver {
         let (sender, receiver) = mpsc::unbounded_channel();
         let backlog = Arc::new(AtomicUsize::new(0));
         let published = Arc::new(AtomicU64::new(0));
@@ -254,6 +314,7 @@ impl EventBus {
             sender,
             backlog: Arc::clone(&backlog),
             published: Arc::clone(&published),
+            kinds,
         });
         EventReceiver {
             receiver,
@@ -263,7 +324,7 @@ impl EventBus {
         }
     }
 
-    /// Hands `events`, in order, to every subscriber without waiting.
+    /// Hands `events`, in order, to every subscriber that takes them, without waiting.
     pub fn publish(&self, events: Vec<Event>) {
         if events.is_empty() {
             return;
@@ -272,15 +333,20 @@ impl EventBus {
         if subscribers.is_empty() {
             return;
         }
-        let n_events = events.len();
         let batch = Arc::new(events);
         let mut saw_closed = false;
         for subscriber in subscribers.iter() {
-            subscriber.backlog.fetch_add(n_events, Ordering::Relaxed);
+            let Some(share) = subscriber.share_of(&batch) else {
+                // Pruned on an event it would not take too: a dropped subscriber that takes
+                // few kinds would otherwise stay, and be filtered for, until one of them came.
+                saw_closed |= subscriber.sender.is_closed();
+                continue;
+            };
+            subscriber.backlog.fetch_add(share.len(), Ordering::Relaxed);
             subscriber
                 .published
-                .fetch_add(n_events as u64, Ordering::Release);
-            saw_closed |= subscriber.sender.send(Arc::clone(&batch)).is_err();
+                .fetch_add(share.len() as u64, Ordering::Release);
+            saw_closed |= subscriber.sender.send(share).is_err();
         }
         drop(subscribers);
         if saw_closed {
@@ -294,6 +360,82 @@ impl EventBus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn event(kind: EventKind, key: &str) -> Event {
+        Event {
+            kind,
+            key: Key::new(key).unwrap(),
+            service: None,
+            meta: None,
+            ttl_ms: Some(1_000),
+            registered_at_ms: 0,
+            last_heartbeat_at_ms: 0,
+            deadline_ms: Some(1_000),
+            occurred_at_ms: 1_000,
+            lateness_ms: 0,
+            restored: false,
+            log_id: None,
+        }
+    }
+
+    fn drain(receiver: &mut EventReceiver) -> Vec<(EventKind, String)> {
+        std::iter::from_fn(|| receiver.try_recv())
+            .map(|event| (event.kind, event.key.as_str().to_owned()))
+            .collect()
+    }
+
+    /// A subscriber to some kinds gets those, in order, and nothing is queued for it (so
+    /// nothing wakes it) when a batch holds none of them; one to every kind gets everything.
+    #[test]
+    fn a_subscriber_gets_only_the_kinds_it_takes() {
+        let bus = EventBus::default();
+        let mut all = bus.subscribe();
+        let mut expiries = bus.subscribe_to(Kinds::of(&[EventKind::Expired, EventKind::Deleted]));
+        let published = expiries.published_counter();
+
+        bus.publish(vec![
+            event(EventKind::Registered, "a"),
+            event(EventKind::Registered, "b"),
+        ]);
+        assert_eq!(published.load(Ordering::Acquire), 0);
+        assert_eq!(expiries.backlog(), 0);
+        assert!(
+            expiries.receiver.is_empty(),
+            "nothing queued, so no wake-up"
+        );
+
+        bus.publish(vec![
+            event(EventKind::Expired, "a"),
+            event(EventKind::Registered, "c"),
+            event(EventKind::Deleted, "b"),
+        ]);
+        bus.publish(vec![event(EventKind::Expired, "c")]);
+        assert_eq!(published.load(Ordering::Acquire), 3);
+        assert_eq!(expiries.backlog(), 3);
+        assert_eq!(
+            drain(&mut expiries),
+            [
+                (EventKind::Expired, "a".to_owned()),
+                (EventKind::Deleted, "b".to_owned()),
+                (EventKind::Expired, "c".to_owned()),
+            ]
+        );
+        assert_eq!(expiries.backlog(), 0);
+        let keys: Vec<String> = drain(&mut all).into_iter().map(|(_, key)| key).collect();
+        assert_eq!(keys, ["a", "b", "a", "c", "b", "c"]);
+    }
+
+    /// A dropped subscriber is unsubscribed at the next publish, also when it would not
+    /// have taken that publish's events.
+    #[test]
+    fn a_dropped_subscriber_to_some_kinds_is_unsubscribed() {
+        let bus = EventBus::default();
+        let _stream = bus.subscribe();
+        drop(bus.subscribe_to(Kinds::of(&[EventKind::Expired])));
+        assert_eq!(bus.subscribers.read().len(), 2);
+        bus.publish(vec![event(EventKind::Registered, "a")]);
+        assert_eq!(bus.subscribers.read().len(), 1);
+    }
 
     /// A guard event's `data` is its details as a map, so the live stream can flatten it
     /// beside its `type` (raw JSON cannot be flattened).

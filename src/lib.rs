@@ -149,17 +149,18 @@ const SNAPSHOT_NICE: i32 = 10;
 /// How often the snapshot rule is looked at.
 const SNAPSHOT_CHECK: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// The registry's bus, subscribed before anything is published: the webhooks' end and the
-/// stream's.
+/// The registry's bus, subscribed before anything is published: the webhooks' end (to the
+/// kinds they send only, so that the dispatcher is not woken for the rest) and the stream's.
 struct Subscriptions {
     webhooks: events::EventReceiver,
     stream: events::EventReceiver,
 }
 
 impl Subscriptions {
-    fn of(registry: &Registry) -> Self {
+    fn of(registry: &Registry, config: &Config) -> Self {
+        let webhook_kinds = events::Kinds::of(&config.webhook_settings().events);
         Self {
-            webhooks: registry.subscribe(),
+            webhooks: registry.subscribe_to(webhook_kinds),
             stream: registry.subscribe(),
         }
     }
@@ -178,7 +179,7 @@ impl Service {
     /// on the current one).
     pub fn start_on(config: &Config, placement: Placement) -> std::io::Result<Self> {
         let registry = Arc::new(Registry::new(registry_config(config), Instant::now()));
-        let subscriptions = Subscriptions::of(&registry);
+        let subscriptions = Subscriptions::of(&registry, config);
         Self::assemble(config, placement, registry, subscriptions, None)
     }
 
@@ -223,7 +224,7 @@ impl Service {
         };
         // Before the state machine applies anything: events of entries applied at start
         // (after the snapshot) reach the webhooks and the stream.
-        let subscriptions = Subscriptions::of(&registry);
+        let subscriptions = Subscriptions::of(&registry, config);
         let webhooks = Arc::new(notify::replicated::Replication::default());
         let member =
             cluster::node::Cluster::start(settings, Arc::clone(&registry), Arc::clone(&webhooks))

@@ -251,9 +251,14 @@ impl Registry {
         &self.clock
     }
 
-    /// A new subscriber to expiry and deletion events.
+    /// A new subscriber to every event.
     pub fn subscribe(&self) -> EventReceiver {
         self.events.subscribe()
+    }
+
+    /// A new subscriber to the events of `kinds` only.
+    pub fn subscribe_to(&self, kinds: crate::events::Kinds) -> EventReceiver {
+        self.events.subscribe_to(kinds)
     }
 
     /// Keys currently indexed (alive, or due and not yet swept).

@@ -11,7 +11,17 @@
 # socket buffers fill then (once per client; the time it takes is printed), and what is measured
 # is what they cost from then on.
 #
+# Scenario `delivery` (not in the default SCENARIOS: `SCENARIOS=delivery bash bench/streams.sh`)
+# measures how long an event takes to reach the streams instead: CLIENTS reading clients, and
+# `ttlwheel-load streams --delivery-rate` creating DELIVERY_RATE new keys/s for DURATION (open
+# loop, from the same process, with no other load; the clients stay 1 s more for the last
+# events). Reports delivery latency p50/p99/max (from each creation's scheduled time to each
+# client's receipt), the events delivered per stream, and the server's CPU time over the run per
+# event per stream (CPU / (acknowledged creations x streams connected to the end), which is
+# creations x CLIENTS when nothing failed).
+#
 # Usage: bash bench/streams.sh     CLIENTS=1000 DURATION=10s WARMUP=5s RATE=200 CONNECTIONS=50
+#        SCENARIOS="none idle reading" (any of them, and delivery) DELIVERY_RATE=300
 # SERVER_ARGS adds server flags (e.g. --socket-send-buffer 0, to compare).
 # The server binds 127.0.0.1 only and is stopped by PID. Results: target/bench-streams/.
 set -euo pipefail
@@ -23,8 +33,17 @@ WARMUP=${WARMUP:-5s}
 RATE=${RATE:-200}
 CONNECTIONS=${CONNECTIONS:-50}
 SCENARIOS=${SCENARIOS:-none idle reading}
+DELIVERY_RATE=${DELIVERY_RATE:-300}
 PORT=${PORT:-17919}
 OUT=${OUT:-target/bench-streams}
+
+for scenario in $SCENARIOS; do
+  case $scenario in
+    none | idle | reading | delivery) ;;
+    *) echo "unknown scenario $scenario (none, idle, reading, delivery)" >&2; exit 2 ;;
+  esac
+done
+
 mkdir -p "$OUT"
 cargo build --release -q -p ttlwheel -p ttlwheel-load
 SERVER=${SERVER:-target/release/ttlwheel}
@@ -35,7 +54,48 @@ ulimit -n 65536 2>/dev/null || true
 
 seconds=${DURATION%s}
 
+# Waits until the `ttlwheel-load streams` process $1, writing to $2, has its clients connected;
+# fails if it exits first.
+wait_connected() {
+  until grep -q connected "$2" 2>/dev/null; do
+    kill -0 "$1" 2>/dev/null || { cat "$2" >&2; exit 1; }
+    sleep 0.1
+  done
+}
+
+# The delivery scenario: the load tool's own creations (DELIVERY_RATE/s for DURATION) to
+# CLIENTS reading clients, nothing else; the server's CPU from the clients' connecting to the
+# tool's exit (the creations and the 1 s for the last events to arrive).
+delivery() {
+  # shellcheck disable=SC2086
+  serve --data-dir "$OUT/data" --max-stream-clients $((CLIENTS + 10)) ${SERVER_ARGS:-}
+  local log="$OUT/streams-delivery.log" streams before after
+  "$LOAD" --target "$TARGET" --threads 1 streams --clients "$CLIENTS" --read \
+    --delivery-rate "$DELIVERY_RATE" --delivery-drain 1s --duration "$((seconds + 1))s" \
+    >"$log" 2>&1 &
+  streams=$!
+  wait_connected "$streams" "$log"
+  before=$(cpu_s "$PID")
+  # Exit 1: a creation failed or a delivery is missing; the line below says how many.
+  wait "$streams" || echo "delivery: ttlwheel-load reported failures, see $log" >&2
+  after=$(cpu_s "$PID")
+  field() { result "$log" "delivery.$1"; }
+  awk -v rate="$DELIVERY_RATE" -v n="$CLIENTS" -v p50="$(field p50)" -v p99="$(field p99)" \
+    -v max="$(field max)" -v received="$(field received)" -v expected="$(field expected)" \
+    -v streams="$(field streams)" -v a="$after" -v b="$before" 'BEGIN {
+      cpu = a - b
+      printf "delivery: %s creations/s to %d streams: p50 %.2f ms p99 %.2f ms max %.2f ms; delivered %d of %d = %.0f events per stream; server CPU %.2f s = %.1f ns per event per stream\n",
+        rate, n, p50, p99, max, received, expected, (streams > 0 ? received / streams : 0),
+        cpu, (expected > 0 ? cpu * 1e9 / expected : 0)
+    }' | tee -a "$OUT/results.txt"
+  stop
+}
+
 for scenario in $SCENARIOS; do
+  if [ "$scenario" = delivery ]; then
+    delivery
+    continue
+  fi
   # shellcheck disable=SC2086
   serve --data-dir "$OUT/data" --max-stream-clients $((CLIENTS + 10)) ${SERVER_ARGS:-}
   # The sampler's keys exist before the clients connect.

@@ -14,6 +14,7 @@
 //! Results are printed for people, then as one `RESULT {json}` line for scripts
 //! (`bench/compare.sh`). The exit status is 1 when a run saw errors or a soak was not clean.
 
+mod creator;
 mod driver;
 mod peers;
 mod receiver;
@@ -185,6 +186,15 @@ struct StreamsArgs {
     /// How long the clients stay connected.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     duration: Duration,
+    /// Measure delivery latency: once every stream is open, register this many new keys per
+    /// second (single heartbeats, open loop over 4 connections) and time each one's
+    /// `registered` event at every client, from the creation's scheduled time to its receipt.
+    #[arg(long, requires = "read", value_parser = positive_rate)]
+    delivery_rate: Option<f64>,
+    /// With `--delivery-rate`: the end of the run with no creations, for the last events to
+    /// arrive (creations run for `--duration` less this).
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    delivery_drain: Duration,
 }
 
 #[derive(Args, Debug)]
@@ -312,11 +322,18 @@ async fn run(cli: Cli) -> Result<bool, String> {
             Ok(outcome.counts.clean() && outcome.heartbeats_failed == 0)
         }
         Mode::Streams(args) => {
+            if args.delivery_rate.is_some() && args.delivery_drain >= args.duration {
+                return Err("--delivery-drain must be shorter than --duration".into());
+            }
             let outcome = streams::run(streams::Settings {
                 address: target,
                 clients: args.clients,
                 read: args.read,
                 duration: args.duration,
+                delivery: args.delivery_rate.map(|rate| streams::DeliverySettings {
+                    rate,
+                    drain: args.delivery_drain,
+                }),
             })
             .await?;
             println!(
@@ -329,8 +346,14 @@ async fn run(cli: Cli) -> Result<bool, String> {
                 outcome.resets,
                 outcome.ended
             );
+            if let Some(delivery) = &outcome.delivery {
+                print_delivery(delivery);
+            }
             print_result("streams", &outcome);
-            Ok(true)
+            Ok(outcome
+                .delivery
+                .as_ref()
+                .is_none_or(streams::DeliveryOutcome::complete))
         }
         Mode::Storm(args) => {
             let arrivals = start_receiver(&target, &args.receiver).await?;
@@ -397,6 +420,29 @@ async fn run(cli: Cli) -> Result<bool, String> {
             Ok(outcome.missing == 0)
         }
     }
+}
+
+/// The human lines of a `streams --delivery-rate` run.
+fn print_delivery(delivery: &streams::DeliveryOutcome) {
+    println!(
+        "streams: creations {} at {:.0}/s for {:.1} s, {} failed; creation latency {}",
+        delivery.creations,
+        delivery.rate,
+        delivery.seconds,
+        delivery.creations_failed,
+        delivery.creation_latency
+    );
+    let latency = &delivery.latency;
+    println!(
+        "streams: delivery {} of {} (to {} streams), p50 {:.3} p99 {:.3} p999 {:.3} max {:.3} ms (from each creation's scheduled time)",
+        delivery.received,
+        delivery.expected,
+        delivery.streams,
+        stats::ms(latency.p50),
+        stats::ms(latency.p99),
+        stats::ms(latency.p999),
+        stats::ms(latency.max)
+    );
 }
 
 /// Prints a mode's outcome as the one line scripts read.

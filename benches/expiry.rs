@@ -15,6 +15,17 @@
 //! Run: `cargo bench --bench expiry` (all), or filter, e.g. `cargo bench --bench expiry -- renew/1M`;
 //! `TTLWHEEL_BENCH_SUBJECTS=ttlwheel-wheel,dashmap+bucket-sets` builds only those structures.
 //! `benches/summarize.py` turns the results into the table in BENCHMARKS.md.
+//!
+//! Every structure runs on the allocator the service binary is built with (jemalloc by
+//! default, `src/main.rs`), since that is what the running service pays; with
+//! `--no-default-features`, the system's.
+
+#[cfg(all(feature = "alloc-jemalloc", not(feature = "alloc-mimalloc")))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+#[cfg(feature = "alloc-mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};

@@ -1,6 +1,6 @@
 //! The creator of `streams --delivery-rate`: single heartbeats (`POST /v1/heartbeats`) of new
 //! keys, open loop at a fixed rate over a few keep-alive connections, each key naming the time
-//! its creation was due ([`streams::delivery_key`]) so that stream clients can time the delivery
+//! its creation was due ([`delivery_key`]) so that stream clients can time the delivery
 //! of its `registered` event.
 //!
 //! The schedule is the load driver's ([`Schedule::of_connection`]): at R per second over C
@@ -18,7 +18,6 @@ use tokio::time::Instant;
 
 use crate::driver::{self, Schedule};
 use crate::stats::Durations;
-use crate::streams;
 use crate::wire::{self, Conn, Response};
 
 /// Keep-alive connections the creations are spread over (staggered by the schedule), so that one
@@ -132,7 +131,7 @@ impl Sender {
             let n = k * CONNECTIONS as u64 + self.index as u64;
             let due_micros = u64::try_from(due.duration_since(self.epoch).as_micros())
                 .expect("a run of less than 500,000 years");
-            let key = streams::delivery_key(&self.prefix, n, due_micros);
+            let key = delivery_key(&self.prefix, n, due_micros);
             self.tally.lock().sent += 1;
             if self.create(&mut conn, &key).await {
                 let mut tally = self.tally.lock();
@@ -161,6 +160,12 @@ impl Sender {
             }
         }
     }
+}
+
+/// The key of creation `n`, due `due_micros` after the epoch: `<prefix><n>-<due_micros>`,
+/// which the stream clients read back (`streams::due_micros`).
+pub fn delivery_key(prefix: &str, n: u64, due_micros: u64) -> String {
+    format!("{prefix}{n}-{due_micros}")
 }
 
 /// A 2xx answer that registered the key (rather than renewing one that existed: no event).

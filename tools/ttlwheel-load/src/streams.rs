@@ -25,6 +25,8 @@ use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+#[cfg(test)]
+use crate::creator::delivery_key;
 use crate::creator::Creator;
 use crate::stats::{Durations, Summary};
 use crate::wire;
@@ -296,11 +298,6 @@ fn count_lines(text: &[u8]) -> (u64, u64) {
         }
     }
     (events, resets)
-}
-
-/// The key of creation `n`, due `due_micros` after the epoch.
-pub fn delivery_key(prefix: &str, n: u64, due_micros: u64) -> String {
-    format!("{prefix}{n}-{due_micros}")
 }
 
 /// The due time (µs after the epoch) in what follows a delivery key's prefix in an event's

@@ -15,6 +15,7 @@
 //! nothing once its socket is full: the server stops polling its stream until it drains.
 
 use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,7 +26,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::watch;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 use super::error::ApiError;
 use super::extract::QueryParams;
@@ -89,8 +90,13 @@ struct Client {
     /// On a cluster member, events at or below this place are passed over (a client that
     /// came from a member ahead of this one).
     passed: Option<Place>,
-    /// When the last chunk was sent: a keep-alive comment follows `KEEP_ALIVE` after it.
-    sent_at: Instant,
+    /// `KEEP_ALIVE` after the last chunk was sent, when a keep-alive comment is due. One timer
+    /// per client, moved on as chunks go: moving a timer later only stores the new deadline,
+    /// where a new one per wait took the runtime's timer lock twice per event per client.
+    keep_alive: Pin<Box<Sleep>>,
+    /// Whether the last read stopped short of the newest event (a full chunk): the next one
+    /// comes after other tasks had a turn.
+    behind: bool,
     /// A `reset` to send before anything else.
     reset: Option<&'static str>,
     /// Whether a read has succeeded yet: a gap before it is a resume from too far back, a
@@ -149,7 +155,8 @@ pub async fn events_stream(
         filter,
         cursor,
         passed,
-        sent_at: Instant::now(),
+        keep_alive: Box::pin(tokio::time::sleep(KEEP_ALIVE)),
+        behind: false,
         reset,
         streaming: false,
         dropped: false,
@@ -176,11 +183,14 @@ pub async fn events_stream(
 impl Client {
     /// The next chunk to send (frames or a keep-alive comment); `None` ends the stream.
     async fn next(&mut self) -> Option<Bytes> {
-        // Let other tasks run between chunks, so that a thousand clients catching up take
-        // turns with requests instead of each writing all it can in one go.
-        tokio::task::yield_now().await;
+        // Let other tasks run between chunks while catching up, so that a thousand clients
+        // behind take turns with requests instead of each writing all it can in one go. A
+        // client that was sent everything waits for the next announcement, which is its turn.
+        if std::mem::take(&mut self.behind) {
+            tokio::task::yield_now().await;
+        }
         let chunk = self.next_chunk().await?;
-        self.sent_at = Instant::now();
+        self.keep_alive.as_mut().reset(Instant::now() + KEEP_ALIVE);
         Some(chunk)
     }
 
@@ -219,6 +229,7 @@ impl Client {
                     self.streaming = true;
                     self.cursor = through;
                     if !chunk.is_empty() {
+                        self.behind = !at_end;
                         return Some(chunk.into());
                     }
                     if !at_end {
@@ -229,7 +240,7 @@ impl Client {
             tokio::select! {
                 changed = self.latest.changed() => changed.ok()?,
                 _ = self.closing.changed() => return None,
-                _ = tokio::time::sleep_until(self.sent_at + KEEP_ALIVE) => {
+                () = &mut self.keep_alive => {
                     return Some(Bytes::from_static(KEEP_ALIVE_COMMENT));
                 }
             }

@@ -215,6 +215,19 @@ async fn a_quiet_stream_gets_a_keep_alive_comment_every_15_s() {
         (Duration::from_secs(15)..Duration::from_secs(16)).contains(&quiet),
         "15 s after the event, not after connecting: {quiet:?}"
     );
+    // And the next one 15 s after that comment, not at once.
+    let comment_sent = tokio::time::Instant::now();
+    let chunk = tokio::time::timeout(Duration::from_secs(60), client.response.chunk())
+        .await
+        .expect("something within a minute")
+        .expect("read")
+        .expect("open");
+    assert_eq!(&chunk[..], b":\n\n", "a second keep-alive comment");
+    let quiet = comment_sent.elapsed();
+    assert!(
+        (Duration::from_secs(15)..Duration::from_secs(16)).contains(&quiet),
+        "15 s after the first comment: {quiet:?}"
+    );
 }
 
 #[tokio::test]

@@ -204,30 +204,30 @@ async fn a_quiet_stream_gets_a_keep_alive_comment_every_15_s() {
     assert_eq!(event.data["key"], "quiet-1");
     let event_sent = tokio::time::Instant::now();
     assert!(event_sent - connected < Duration::from_secs(11));
-    let chunk = tokio::time::timeout(Duration::from_secs(60), client.response.chunk())
-        .await
-        .expect("something within a minute")
-        .expect("read")
-        .expect("open");
-    assert_eq!(&chunk[..], b":\n\n", "a keep-alive comment");
-    let quiet = event_sent.elapsed();
+    let quiet = wait_for_keep_alive(&mut client, "a keep-alive comment").await;
     assert!(
         (Duration::from_secs(15)..Duration::from_secs(16)).contains(&quiet),
         "15 s after the event, not after connecting: {quiet:?}"
     );
     // And the next one 15 s after that comment, not at once.
-    let comment_sent = tokio::time::Instant::now();
+    let quiet = wait_for_keep_alive(&mut client, "a second keep-alive comment").await;
+    assert!(
+        (Duration::from_secs(15)..Duration::from_secs(16)).contains(&quiet),
+        "15 s after the first comment: {quiet:?}"
+    );
+}
+
+/// Reads `client`'s next chunk, which must be a keep-alive comment (`what`), and returns how
+/// long it took to come.
+async fn wait_for_keep_alive(client: &mut SseClient, what: &str) -> Duration {
+    let asked = tokio::time::Instant::now();
     let chunk = tokio::time::timeout(Duration::from_secs(60), client.response.chunk())
         .await
         .expect("something within a minute")
         .expect("read")
         .expect("open");
-    assert_eq!(&chunk[..], b":\n\n", "a second keep-alive comment");
-    let quiet = comment_sent.elapsed();
-    assert!(
-        (Duration::from_secs(15)..Duration::from_secs(16)).contains(&quiet),
-        "15 s after the first comment: {quiet:?}"
-    );
+    assert_eq!(&chunk[..], b":\n\n", "{what}");
+    asked.elapsed()
 }
 
 #[tokio::test]

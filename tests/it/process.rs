@@ -105,8 +105,9 @@ impl Server {
         }
         match request.send().await {
             Ok(response) => crate::server::json_of(response).await,
-            // A connection cut by the kill: not acknowledged.
-            Err(_) => (StatusCode::BAD_GATEWAY, Value::Null),
+            // A connection cut by the kill: not acknowledged. The error is kept for the message
+            // of a test that did not expect it.
+            Err(error) => (StatusCode::BAD_GATEWAY, Value::String(format!("{error:?}"))),
         }
     }
 

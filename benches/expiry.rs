@@ -633,11 +633,52 @@ fn listing(c: &mut Criterion) {
     group.finish();
 }
 
+/// A thread that takes `events` as they come, as a subscriber of the running service does (a
+/// task on another thread, woken by the bus), until the bus is gone. Joined on drop, which
+/// checks that it took `expected` events.
+struct Drainer {
+    thread: Option<std::thread::JoinHandle<usize>>,
+    expected: usize,
+}
+
+fn drain_on_another_thread(
+    mut events: ttlwheel::events::EventReceiver,
+    expected: usize,
+) -> Drainer {
+    let thread = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            let mut taken = 0;
+            while events.recv().await.is_some() {
+                taken += 1;
+            }
+            taken
+        })
+    });
+    Drainer {
+        thread: Some(thread),
+        expected,
+    }
+}
+
+impl Drop for Drainer {
+    fn drop(&mut self) {
+        if let Some(thread) = self.thread.take() {
+            let taken = thread.join().expect("the drainer ends with the bus");
+            assert_eq!(taken, self.expected, "the drainer took every expiry");
+        }
+    }
+}
+
 /// One tick that evicts 1M keys due in the same second (one event subscriber, drained outside
 /// the measurement), as the ticker meets it: the keys' bucket is handed over to the last
 /// second's millisecond groups when that second begins, and expired when their millisecond
 /// comes (`on-time`); and by a ticker that reaches the tick only after the deadline passed,
-/// which expires them as it hands them over (`late`). The same for 1M keys with a TTL that is
+/// which expires them as it hands them over (`late`); and on time with the subscriber taking
+/// the events on another thread meanwhile, as the service's do (`on-time-drained`: its memory
+/// is freed as it goes, where the others hold all 1M events). The same for 1M keys with a TTL that is
 /// not whole seconds, so on the heap (`heap-engine/due`, `heap/due`). Also prints the longest
 /// single sweep step, which bounds how long one shard lock is held.
 fn mass_eviction(c: &mut Criterion) {
@@ -698,6 +739,30 @@ fn mass_eviction(c: &mut Criterion) {
                     while registry.sweep(at(epoch, 1_600), 16 * 1024).more {}
                     assert_eq!(registry.len(), 0, "every key expired");
                     (registry, events)
+                },
+                BatchSize::PerIteration,
+            )
+        });
+        // As the running service meets it: its subscribers (the stream's feed, the webhooks)
+        // take events on another thread while the sweep runs, so the batches they are done
+        // with are freed and their memory used again, where the subscriber above keeps all
+        // 1M events until the end.
+        group.bench_function(format!("{name}/on-time-drained"), |b| {
+            b.iter_batched(
+                || {
+                    // The registrations were taken long before, as the service's would be.
+                    let (registry, mut events, epoch) = setup_with(config.clone());
+                    while events.try_recv().is_some() {}
+                    (registry, events, epoch)
+                },
+                |(registry, events, epoch)| {
+                    let drainer = drain_on_another_thread(events, keys.len());
+                    while registry.sweep(at(epoch, 1_000), 16 * 1024).more {}
+                    while registry.sweep(at(epoch, 1_600), 16 * 1024).more {}
+                    assert_eq!(registry.len(), 0, "every key expired");
+                    // Dropped after the measurement: the registry (so the bus, which ends
+                    // the drainer's loop), then the drainer, which waits for it.
+                    (registry, drainer)
                 },
                 BatchSize::PerIteration,
             )

@@ -13,7 +13,10 @@
 //! `parking_lot::Mutex`, which is what a user would do.
 //!
 //! Run: `cargo bench --bench expiry` (all), or filter, e.g. `cargo bench --bench expiry -- renew/1M`;
-//! `TTLWHEEL_BENCH_SUBJECTS=ttlwheel-wheel,dashmap+bucket-sets` builds only those structures.
+//! `TTLWHEEL_BENCH_SUBJECTS=ttlwheel-wheel,dashmap+bucket-sets` builds only those structures;
+//! `TTLWHEEL_BENCH_MIN_KEYS` and `TTLWHEEL_BENCH_MAX_KEYS` bound the sizes (every size's
+//! structures are built, whatever the filter names: `TTLWHEEL_BENCH_MIN_KEYS=10000000` runs the
+//! 10M ones without first filling the smaller ones).
 //! `benches/summarize.py` turns the results into the table in BENCHMARKS.md.
 //!
 //! Every structure runs on the allocator the service binary is built with (jemalloc by
@@ -57,12 +60,21 @@ fn sizes() -> Vec<(usize, &'static str)> {
         (1_000_000, "1M"),
         (10_000_000, "10M"),
     ];
-    // TTLWHEEL_BENCH_MAX_KEYS caps the sizes for a quick run.
-    let max = std::env::var("TTLWHEEL_BENCH_MAX_KEYS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(usize::MAX);
-    all.into_iter().filter(|(n, _)| *n <= max).collect()
+    // TTLWHEEL_BENCH_MAX_KEYS caps the sizes for a quick run; TTLWHEEL_BENCH_MIN_KEYS skips
+    // the smaller ones (whose structures are built whatever the filter names).
+    let bound = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let (min, max) = (
+        bound("TTLWHEEL_BENCH_MIN_KEYS", 0),
+        bound("TTLWHEEL_BENCH_MAX_KEYS", usize::MAX),
+    );
+    all.into_iter()
+        .filter(|(n, _)| (min..=max).contains(n))
+        .collect()
 }
 
 /// The key of index `i`: 24 bytes, as the targets assume.

@@ -690,7 +690,9 @@ impl Drop for Drainer {
 /// comes (`on-time`); and by a ticker that reaches the tick only after the deadline passed,
 /// which expires them as it hands them over (`late`); and on time with the subscriber taking
 /// the events on another thread meanwhile, as the service's do (`on-time-drained`: its memory
-/// is freed as it goes, where the others hold all 1M events). The same for 1M keys with a TTL that is
+/// is freed as it goes, where the others hold all 1M events); and with the keys registered over
+/// a second, so due over a second, swept every millisecond (`spread-on-time`: each step
+/// expires a thousandth of them, as in the running service). The same for 1M keys with a TTL that is
 /// not whole seconds, so on the heap (`heap-engine/due`, `heap/due`). Also prints the longest
 /// single sweep step, which bounds how long one shard lock is held.
 fn mass_eviction(c: &mut Criterion) {
@@ -716,6 +718,26 @@ fn mass_eviction(c: &mut Criterion) {
         (registry, events, epoch)
     };
     let setup_with = |config: RegistryConfig| setup_with_ttl(config, Ttl::from_secs(1).unwrap());
+    // As registrations through the API come: over a second, a thousandth of the keys each
+    // millisecond (heartbeats from 500 to 1499 ms, so deadlines from 1500 to 2499 ms).
+    let setup_spread = |config: RegistryConfig| {
+        let epoch = Instant::now();
+        let registry = Registry::new(config, epoch);
+        let events = registry.subscribe();
+        for ms in 0..1000 {
+            for key in keys.iter().skip(ms).step_by(1000) {
+                let heartbeat = Heartbeat {
+                    key: key.clone(),
+                    ttl: Ttl::from_secs(1).unwrap(),
+                    service: None,
+                    meta: None,
+                };
+                let at = epoch + Duration::from_millis(500 + ms as u64);
+                registry.heartbeat(heartbeat, at).unwrap();
+            }
+        }
+        (registry, events, epoch)
+    };
     let at = |epoch: Instant, ms: u64| epoch + Duration::from_millis(ms);
     // The guard off: on, it would (rightly) hold a mass expiry instead of expiring it.
     let service = RegistryConfig {
@@ -775,6 +797,22 @@ fn mass_eviction(c: &mut Criterion) {
                     // Dropped after the measurement: the registry (so the bus, which ends
                     // the drainer's loop), then the drainer, which waits for it.
                     (registry, drainer)
+                },
+                BatchSize::PerIteration,
+            )
+        });
+        // The same keys due over a second, swept every millisecond as the ticker does: each
+        // step expires a thousandth of them (what `bench/mass_expiry.sh` measures in the
+        // running service).
+        group.bench_function(format!("{name}/spread-on-time"), |b| {
+            b.iter_batched(
+                || setup_spread(config.clone()),
+                |(registry, events, epoch)| {
+                    for ms in 1_000..=2_500 {
+                        while registry.sweep(at(epoch, ms), 16 * 1024).more {}
+                    }
+                    assert_eq!(registry.len(), 0, "every key expired");
+                    (registry, events)
                 },
                 BatchSize::PerIteration,
             )

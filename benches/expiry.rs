@@ -700,20 +700,21 @@ fn mass_eviction(c: &mut Criterion) {
     let keys = keys(n);
     // Heartbeats 500 ms into the registry's time, TTL 1 s: deadline 1500 ms, in tick 2, whose
     // last second begins at 1000 ms.
+    let beat = |registry: &Registry, key: &Key, ttl: Ttl, at: Instant| {
+        let heartbeat = Heartbeat {
+            key: key.clone(),
+            ttl,
+            service: None,
+            meta: None,
+        };
+        registry.heartbeat(heartbeat, at).unwrap();
+    };
     let setup_with_ttl = |config: RegistryConfig, ttl: Ttl| {
         let epoch = Instant::now();
         let registry = Registry::new(config, epoch);
         let events = registry.subscribe();
         for key in keys.iter() {
-            let heartbeat = Heartbeat {
-                key: key.clone(),
-                ttl,
-                service: None,
-                meta: None,
-            };
-            registry
-                .heartbeat(heartbeat, epoch + Duration::from_millis(500))
-                .unwrap();
+            beat(&registry, key, ttl, epoch + Duration::from_millis(500));
         }
         (registry, events, epoch)
     };
@@ -725,15 +726,9 @@ fn mass_eviction(c: &mut Criterion) {
         let registry = Registry::new(config, epoch);
         let events = registry.subscribe();
         for ms in 0..1000 {
+            let at = epoch + Duration::from_millis(500 + ms as u64);
             for key in keys.iter().skip(ms).step_by(1000) {
-                let heartbeat = Heartbeat {
-                    key: key.clone(),
-                    ttl: Ttl::from_secs(1).unwrap(),
-                    service: None,
-                    meta: None,
-                };
-                let at = epoch + Duration::from_millis(500 + ms as u64);
-                registry.heartbeat(heartbeat, at).unwrap();
+                beat(&registry, key, Ttl::from_secs(1).unwrap(), at);
             }
         }
         (registry, events, epoch)

@@ -698,8 +698,6 @@ impl Drop for Drainer {
 fn mass_eviction(c: &mut Criterion) {
     let n = 1_000_000.min(sizes().last().map_or(0, |(n, _)| *n));
     let keys = keys(n);
-    // Heartbeats 500 ms into the registry's time, TTL 1 s: deadline 1500 ms, in tick 2, whose
-    // last second begins at 1000 ms.
     let beat = |registry: &Registry, key: &Key, ttl: Ttl, at: Instant| {
         let heartbeat = Heartbeat {
             key: key.clone(),
@@ -709,10 +707,16 @@ fn mass_eviction(c: &mut Criterion) {
         };
         registry.heartbeat(heartbeat, at).unwrap();
     };
-    let setup_with_ttl = |config: RegistryConfig, ttl: Ttl| {
+    let fresh = |config: RegistryConfig| {
         let epoch = Instant::now();
         let registry = Registry::new(config, epoch);
         let events = registry.subscribe();
+        (registry, events, epoch)
+    };
+    // Heartbeats 500 ms into the registry's time, TTL 1 s: deadline 1500 ms, in tick 2, whose
+    // last second begins at 1000 ms.
+    let setup_with_ttl = |config: RegistryConfig, ttl: Ttl| {
+        let (registry, events, epoch) = fresh(config);
         for key in keys.iter() {
             beat(&registry, key, ttl, epoch + Duration::from_millis(500));
         }
@@ -722,9 +726,7 @@ fn mass_eviction(c: &mut Criterion) {
     // As registrations through the API come: over a second, a thousandth of the keys each
     // millisecond (heartbeats from 500 to 1499 ms, so deadlines from 1500 to 2499 ms).
     let setup_spread = |config: RegistryConfig| {
-        let epoch = Instant::now();
-        let registry = Registry::new(config, epoch);
-        let events = registry.subscribe();
+        let (registry, events, epoch) = fresh(config);
         for ms in 0..1000 {
             let at = epoch + Duration::from_millis(500 + ms as u64);
             for key in keys.iter().skip(ms).step_by(1000) {
@@ -734,6 +736,12 @@ fn mass_eviction(c: &mut Criterion) {
         (registry, events, epoch)
     };
     let at = |epoch: Instant, ms: u64| epoch + Duration::from_millis(ms);
+    // The tick's last second begins (its bucket handed over), then its keys' millisecond comes.
+    let expire_on_time = |registry: &Registry, epoch: Instant| {
+        while registry.sweep(at(epoch, 1_000), 16 * 1024).more {}
+        while registry.sweep(at(epoch, 1_600), 16 * 1024).more {}
+        assert_eq!(registry.len(), 0, "every key expired");
+    };
     // The guard off: on, it would (rightly) hold a mass expiry instead of expiring it.
     let service = RegistryConfig {
         guard: GuardConfig::off(),
@@ -764,9 +772,7 @@ fn mass_eviction(c: &mut Criterion) {
             b.iter_batched(
                 || setup_with(config.clone()),
                 |(registry, events, epoch)| {
-                    while registry.sweep(at(epoch, 1_000), 16 * 1024).more {}
-                    while registry.sweep(at(epoch, 1_600), 16 * 1024).more {}
-                    assert_eq!(registry.len(), 0, "every key expired");
+                    expire_on_time(&registry, epoch);
                     (registry, events)
                 },
                 BatchSize::PerIteration,
@@ -786,9 +792,7 @@ fn mass_eviction(c: &mut Criterion) {
                 },
                 |(registry, events, epoch)| {
                     let drainer = drain_on_another_thread(events, keys.len());
-                    while registry.sweep(at(epoch, 1_000), 16 * 1024).more {}
-                    while registry.sweep(at(epoch, 1_600), 16 * 1024).more {}
-                    assert_eq!(registry.len(), 0, "every key expired");
+                    expire_on_time(&registry, epoch);
                     // Dropped after the measurement: the registry (so the bus, which ends
                     // the drainer's loop), then the drainer, which waits for it.
                     (registry, drainer)

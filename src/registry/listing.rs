@@ -288,19 +288,27 @@ impl SortedSlots {
         self.blocks.iter().flatten().copied()
     }
 
-    /// Checks the invariants above; panics naming the first one broken. O(n): for tests.
-    fn check_invariants<'k>(&self, key_of: impl Fn(SlotId) -> &'k Key) {
+    /// Checks the invariants above; panics naming the first one broken. Ids in `leaving` (keys
+    /// gone, ids not yet taken out: `Shard::flush_unlisting`) are passed over: their keys
+    /// cannot be read, and a fence of one stays until the pass. O(n): for tests.
+    fn check_invariants<'k>(&self, leaving: &SlotSet, key_of: impl Fn(SlotId) -> &'k Key) {
         assert!(
             self.blocks
                 .iter()
                 .all(|slots| !slots.is_empty() && slots.len() <= BLOCK_MAX),
             "a block is empty or over {BLOCK_MAX}"
         );
-        let fences: Vec<u64> = (self.blocks.iter())
-            .map(|slots| fence(key_of(*slots.last().expect("not empty")).as_str()))
+        for (slots, &kept) in self.blocks.iter().zip(&self.fences) {
+            let last = *slots.last().expect("not empty");
+            if !leaving.contains(last) {
+                assert_eq!(kept, fence(key_of(last).as_str()), "a block's fence");
+            }
+        }
+        assert_eq!(self.fences.len(), self.blocks.len(), "a fence per block");
+        let keys: Vec<&Key> = (self.iter())
+            .filter(|&slot| !leaving.contains(slot))
+            .map(&key_of)
             .collect();
-        assert_eq!(self.fences, fences, "the fences are the blocks' last keys'");
-        let keys: Vec<&Key> = self.iter().map(&key_of).collect();
         if let Some(pair) = keys.windows(2).find(|pair| pair[0] >= pair[1]) {
             panic!("sorted slots out of order: {} then {}", pair[0], pair[1]);
         }
@@ -417,11 +425,13 @@ impl OrderedIndex {
         }
     }
 
-    /// Checks that the index holds exactly `alive` (every alive slot and its service), each
+    /// Checks that the index holds exactly `alive` (every alive slot and its service) and the
+    /// ids of `leaving` (whose keys are gone and wait for [`OrderedIndex::remove_all`]), each
     /// list in key order; panics naming the difference. O(n log n): for tests.
     pub fn check_invariants<'k>(
         &self,
         alive: impl Iterator<Item = (SlotId, ServiceId)>,
+        leaving: &SlotSet,
         key_of: impl Fn(SlotId) -> &'k Key + Copy,
     ) {
         let mut by_key = Vec::new();
@@ -435,10 +445,20 @@ impl OrderedIndex {
                 list.push(slot);
             }
         }
+        let listed_leaving = (self.by_key.iter())
+            .filter(|&slot| leaving.contains(slot))
+            .count();
+        assert_eq!(
+            listed_leaving,
+            leaving.len(),
+            "ids waiting to leave the listing that it does not hold"
+        );
         let check = |list: &SortedSlots, mut expected: Vec<SlotId>, what: &str| {
-            list.check_invariants(key_of);
+            list.check_invariants(leaving, key_of);
             expected.sort_unstable_by_key(|&slot| key_of(slot));
-            let listed: Vec<SlotId> = list.iter().collect();
+            let listed: Vec<SlotId> = (list.iter())
+                .filter(|&slot| !leaving.contains(slot))
+                .collect();
             assert!(
                 listed == expected,
                 "the ordered index {what} differs from the alive keys: {} listed, {} alive",
@@ -571,16 +591,16 @@ mod tests {
             for (step, &slot) in inserts.iter().enumerate() {
                 list.insert(slot, key_of);
                 if step % 50 == 0 {
-                    list.check_invariants(key_of);
+                    list.check_invariants(&SlotSet::default(), key_of);
                 }
             }
-            list.check_invariants(key_of);
+            list.check_invariants(&SlotSet::default(), key_of);
             let mut expected: Vec<SlotId> = (0..1200).collect();
             expected.sort_by_key(|&slot| key_of(slot));
             proptest::prop_assert_eq!(list.iter().collect::<Vec<_>>(), expected);
             for &slot in &removals {
                 list.remove(slot, key_of);
-                list.check_invariants(key_of);
+                list.check_invariants(&SlotSet::default(), key_of);
             }
             proptest::prop_assert!(list.blocks.is_empty());
         }
@@ -605,7 +625,7 @@ mod tests {
             let (built_from, inserted_after) = order.split_at(1200);
             let alive = built_from.iter().map(|&slot| (slot, service(slot)));
             let mut built = OrderedIndex::build(alive.clone(), key_of);
-            built.check_invariants(alive, key_of);
+            built.check_invariants(alive, &SlotSet::default(), key_of);
             let mut inserted = OrderedIndex::default();
             for &slot in built_from {
                 inserted.insert(slot, service(slot), key_of);
@@ -619,7 +639,7 @@ mod tests {
                 inserted.remove(slot, service(slot), key_of);
             }
             let alive = order[300..].iter().map(|&slot| (slot, service(slot)));
-            built.check_invariants(alive, key_of);
+            built.check_invariants(alive, &SlotSet::default(), key_of);
             for service in [None, Some(ServiceId::from_index(2))] {
                 let filter = ListFilter { service, ..ListFilter::default() };
                 proptest::prop_assert_eq!(keys(&built, &names, &filter), keys(&inserted, &names, &filter));
@@ -658,7 +678,7 @@ mod tests {
                     listed.remove(&slot);
                 }
                 batched.remove_all(&gone, key_of);
-                batched.check_invariants(key_of);
+                batched.check_invariants(&SlotSet::default(), key_of);
                 proptest::prop_assert_eq!(batched.iter().collect::<Vec<_>>(), single.iter().collect::<Vec<_>>());
                 // The list stays usable: insertions land in order.
                 if let Some(&back) = batch.iter().next() {
@@ -667,8 +687,8 @@ mod tests {
                     listed.insert(back);
                 }
             }
-            batched.check_invariants(key_of);
-            single.check_invariants(key_of);
+            batched.check_invariants(&SlotSet::default(), key_of);
+            single.check_invariants(&SlotSet::default(), key_of);
             let mut expected: Vec<SlotId> = listed.into_iter().collect();
             expected.sort_by_key(|&slot| key_of(slot));
             proptest::prop_assert_eq!(batched.iter().collect::<Vec<_>>(), expected);
@@ -695,7 +715,7 @@ mod tests {
                     _ => {}
                 }
             }
-            list.check_invariants(key_of);
+            list.check_invariants(&SlotSet::default(), key_of);
             let listed: Vec<SlotId> = list.iter().collect();
             proptest::prop_assert_eq!(&listed, &model.iter().copied().collect::<Vec<_>>());
             let text = names[from as usize].as_str();

@@ -17,7 +17,8 @@
 //! - a slot id in a bucket whose entry is gone, or is scheduled at another tick, is stale and
 //!   skipped by the sweeper; `n_stale` counts them (see `Shard::unschedule`);
 //! - `ordered` holds exactly the alive keys (unless listing is off, or deferred during a
-//!   recovery); `alive_by_service[s]` counts them per service;
+//!   recovery), and the ids of `unlisted_later`, which `slots` holds unused until the listing
+//!   lets go of them; `alive_by_service[s]` counts the alive keys per service;
 //! - `n_wheel` counts the entries on the wheel, `heap` holds exactly the heap entries at their
 //!   deadlines, and persistent entries have no deadline;
 //! - no alive key is in the expired log; no event is pending outside an operation.
@@ -295,11 +296,14 @@ pub(super) struct Shard {
     ordered: Option<OrderedIndex>,
     /// Listing is on but not kept until [`Shard::rebuild_listing`] (recovery).
     listing_deferred: bool,
-    /// While a sweep step takes many keys out ([`Shard::begin_unlisting`]): the keys taken
-    /// out of `ordered` at the end of the step, in one pass, and their services.
-    unlisting: Option<(SlotSet, Vec<ServiceId>)>,
-    /// The set's memory, kept between steps.
-    unlisting_spare: (SlotSet, Vec<ServiceId>),
+    /// Between [`Shard::begin_mass_removal`] and its end, when the step takes out a good part
+    /// of the keys: the keys removed join `unlisted_later`.
+    unlisting_in_bulk: bool,
+    /// Keys gone from every structure but `ordered` (a mass expiry's), which
+    /// [`Shard::flush_unlisting`] takes out of it in one pass, with their services; their ids
+    /// are held in `slots` until then. See [`UNLIST_IN_ONE_PASS`].
+    unlisted_later: SlotSet,
+    unlisted_services: Vec<ServiceId>,
     /// Between [`Shard::begin_mass_removal`] and its end: the key table's removals wait in
     /// `table_removals`.
     removing_in_bulk: bool,
@@ -311,7 +315,16 @@ pub(super) struct Shard {
 /// of the listing in one pass over it (~1 ns an id listed, sequential) instead of a search for
 /// each (~10 keys read at random, ~1 us): the pass costs less from about 1/1000 on, so at
 /// 1/512 it is the cheaper by half or more.
+///
+/// The pass waits until the keys waiting for it are 1/[`UNLIST_BATCH`] of those alive (or
+/// something must search the listing: a registration, a page): a mass expiry's keys fall due
+/// over a second or more, a sweep step takes ~1 % of them, and a pass per step read the whole
+/// listing ~100 times (16 % of the running service's sweep time, measured). Waiting, the
+/// passes read it ~`UNLIST_BATCH` times over in all.
 const UNLIST_IN_ONE_PASS: usize = 512;
+
+/// See [`UNLIST_IN_ONE_PASS`].
+const UNLIST_BATCH: usize = 8;
 
 impl Shard {
     pub fn new(ctx: &Ctx<'_>, expired_max: usize) -> Self {
@@ -337,8 +350,9 @@ impl Shard {
             scratch: Vec::new(),
             ordered: ctx.config.listing.then(OrderedIndex::default),
             listing_deferred: false,
-            unlisting: None,
-            unlisting_spare: Default::default(),
+            unlisting_in_bulk: false,
+            unlisted_later: SlotSet::default(),
+            unlisted_services: Vec::new(),
             removing_in_bulk: false,
             table_removals: Vec::new(),
             expired: ExpiredLog::new(ctx.config.expired_retention_ms, expired_max),
@@ -347,6 +361,11 @@ impl Shard {
 
     pub fn len(&self) -> usize {
         self.slots.len()
+    }
+
+    /// See `Registry::keys_leaving_listing`.
+    pub fn keys_leaving_listing(&self) -> usize {
+        self.unlisted_later.len()
     }
 
     /// Keys on the wheel and on the heap (the rest have no TTL).
@@ -691,9 +710,8 @@ impl Shard {
             return;
         }
         self.removing_in_bulk = true;
-        if self.ordered.is_some() && removals * UNLIST_IN_ONE_PASS >= self.slots.len() {
-            self.unlisting = Some(std::mem::take(&mut self.unlisting_spare));
-        }
+        self.unlisting_in_bulk =
+            self.ordered.is_some() && removals * UNLIST_IN_ONE_PASS >= self.slots.len();
         let spare = self.pending_events.capacity() - self.pending_events.len();
         if spare < removals {
             self.pending_events.reserve_exact(removals);
@@ -706,25 +724,36 @@ impl Shard {
         !ctx.holding && !ctx.config.replicated
     }
 
-    /// Ends [`Shard::begin_mass_removal`]: the table and the listing let go of the keys removed.
+    /// Ends [`Shard::begin_mass_removal`]: the table lets go of the keys removed, and the
+    /// listing too once enough wait for it (see [`UNLIST_BATCH`]).
     fn finish_mass_removal(&mut self) {
         if !std::mem::take(&mut self.removing_in_bulk) {
             return;
         }
         self.table.remove_all(&self.table_removals);
         self.table_removals.clear();
-        let Some((mut gone, mut services)) = self.unlisting.take() else {
-            return;
-        };
-        if let Some(ordered) = &mut self.ordered {
-            if gone.len() > 0 {
-                let slots = &self.slots;
-                ordered.remove_all(&gone, &services, |slot| &slots.entry(slot).key);
-            }
+        self.unlisting_in_bulk = false;
+        if self.unlisted_later.len() * UNLIST_BATCH >= self.slots.len() {
+            self.flush_unlisting();
         }
-        gone.clear();
-        services.clear();
-        self.unlisting_spare = (gone, services);
+    }
+
+    /// Takes the keys of `unlisted_later` out of the listing in one pass (see
+    /// `listing::SortedSlots::remove_all`), and lets their ids be reused. Called before
+    /// anything searches the listing: a search reads the keys of the ids it passes, and these
+    /// keys are gone.
+    fn flush_unlisting(&mut self) {
+        if self.unlisted_later.len() == 0 {
+            return;
+        }
+        if let Some(ordered) = &mut self.ordered {
+            let slots = &self.slots;
+            let (gone, services) = (&self.unlisted_later, &self.unlisted_services);
+            ordered.remove_all(gone, services, |slot| &slots.entry(slot).key);
+        }
+        self.slots.release_held_ids();
+        self.unlisted_later.clear();
+        self.unlisted_services.clear();
     }
 
     /// Keys of the last second not yet handled (0: the detached tick is done in this shard).
@@ -860,12 +889,13 @@ impl Shard {
     /// `replicated`: a cluster member lists every key it holds (a key leaves only when its
     /// expiry entry is applied), due or not.
     pub fn list_alive(
-        &self,
+        &mut self,
         filter: &ListFilter,
         limit: usize,
         now: Now,
         replicated: bool,
     ) -> Vec<EntryView> {
+        self.flush_unlisting();
         let Some(ordered) = &self.ordered else {
             return Vec::new();
         };
@@ -1015,6 +1045,7 @@ impl Shard {
     /// Stops keeping the listing until [`Shard::rebuild_listing`] (see
     /// `Registry::defer_listing`); nothing may list meanwhile.
     pub fn defer_listing(&mut self) {
+        self.flush_unlisting();
         if self.ordered.take().is_some() {
             self.listing_deferred = true;
         }
@@ -1233,9 +1264,19 @@ impl Shard {
             let slots = &self.slots;
             ordered.check_invariants(
                 slots.iter().map(|(slot, entry)| (slot, entry.service)),
+                &self.unlisted_later,
                 |slot| &slots.entry(slot).key,
             );
         }
+        assert_eq!(
+            self.slots.held_ids().len(),
+            self.unlisted_later.len(),
+            "held ids against keys waiting to leave the listing"
+        );
+        assert!(
+            (self.slots.held_ids().iter()).all(|&slot| self.unlisted_later.contains(slot)),
+            "a held id whose key does not wait to leave the listing"
+        );
         self.expired
             .check_invariants(|key| self.find((key, hash_of(key))).is_some(), hash_of);
     }
@@ -1395,6 +1436,7 @@ impl Shard {
     fn insert(&mut self, hash: KeyHash, entry: Entry) -> SlotId {
         let service = entry.service;
         self.expired.forget(&entry.key, hash);
+        self.flush_unlisting();
         let slot = self.slots.insert(entry);
         self.table.insert(hash, slot);
         if let Some(ordered) = &mut self.ordered {
@@ -1455,20 +1497,26 @@ impl Shard {
     fn detach(&mut self, slot: SlotId, ctx: &Ctx<'_>) -> (Entry, KeyHash) {
         ctx.free_key();
         self.unschedule(slot);
+        // Once keys wait for the listing's pass, every removal waits: a search could pass them.
+        let unlist_later =
+            self.ordered.is_some() && (self.unlisting_in_bulk || self.unlisted_later.len() > 0);
         if let Some(ordered) = &mut self.ordered {
             let slots = &self.slots;
             let service = slots.entry(slot).service;
-            match &mut self.unlisting {
-                Some((gone, services)) => {
-                    gone.insert(slot);
-                    if !services.contains(&service) {
-                        services.push(service);
-                    }
+            if unlist_later {
+                self.unlisted_later.insert(slot);
+                if !self.unlisted_services.contains(&service) {
+                    self.unlisted_services.push(service);
                 }
-                None => ordered.remove(slot, service, |slot| &slots.entry(slot).key),
+            } else {
+                ordered.remove(slot, service, |slot| &slots.entry(slot).key);
             }
         }
-        let entry = self.slots.remove(slot);
+        let entry = if unlist_later {
+            self.slots.remove_holding_id(slot)
+        } else {
+            self.slots.remove(slot)
+        };
         let hash = ctx.hash(&entry.key);
         if self.removing_in_bulk {
             self.table_removals.push((hash, slot));
@@ -1601,6 +1649,7 @@ impl Shard {
         if old == service {
             return;
         }
+        self.flush_unlisting();
         if let Some(ordered) = &mut self.ordered {
             let slots = &self.slots;
             let key_of = |slot| &slots.entry(slot).key;

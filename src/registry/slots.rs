@@ -10,9 +10,13 @@
 //! under a shard's lock (a single vector of 625k entries, a shard's share of 10M, is 45 MB to
 //! copy when it grows, and an allocator that cannot remap pages copies it). It never shrinks.
 //!
-//! Invariants ([`Slots::check_invariants`]): an id is either live (its entry is `Some`) or in
-//! `free` (its entry is `None`), never both, and `free` holds each id at most once; every chunk
-//! but the last is full.
+//! An id may also be *held* after its entry left ([`Slots::remove_holding_id`]): not live, and
+//! not handed out again until [`Slots::release_held_ids`], for a structure that still names it
+//! (the shard's listing, which lets go of a mass expiry's ids in one pass later).
+//!
+//! Invariants ([`Slots::check_invariants`]): an id is either live (its entry is `Some`), in
+//! `free` or in `held` (its entry is `None`), never two of them, and `free` and `held` hold each
+//! id at most once; every chunk but the last is full.
 
 use crate::expiry::wheel::SlotId;
 
@@ -31,6 +35,8 @@ pub(super) struct Slots<T> {
     chunks: Vec<Vec<Option<T>>>,
     /// Freed ids, reused last-freed first.
     free: Vec<SlotId>,
+    /// Ids whose entries left but which are not to be reused yet.
+    held: Vec<SlotId>,
 }
 
 impl<T> Default for Slots<T> {
@@ -38,6 +44,7 @@ impl<T> Default for Slots<T> {
         Self {
             chunks: Vec::new(),
             free: Vec::new(),
+            held: Vec::new(),
         }
     }
 }
@@ -84,6 +91,27 @@ impl<T> Slots<T> {
         entry
     }
 
+    /// Removes and returns the entry of a live `slot`, and holds the id: it is not reused
+    /// until [`Slots::release_held_ids`].
+    pub fn remove_holding_id(&mut self, slot: SlotId) -> T {
+        let entry = self
+            .place_mut(slot)
+            .and_then(Option::take)
+            .expect("removing a live slot");
+        self.held.push(slot);
+        entry
+    }
+
+    /// The held ids (invariant checks).
+    pub fn held_ids(&self) -> &[SlotId] {
+        &self.held
+    }
+
+    /// Frees every held id at once.
+    pub fn release_held_ids(&mut self) {
+        self.free.append(&mut self.held);
+    }
+
     /// The entry of `slot`, if it is live.
     pub fn get(&self, slot: SlotId) -> Option<&T> {
         self.place(slot)?.as_ref()
@@ -105,10 +133,10 @@ impl<T> Slots<T> {
 
     /// Live entries.
     pub fn len(&self) -> usize {
-        self.len_with_free() as usize - self.free.len()
+        self.len_with_free() as usize - self.free.len() - self.held.len()
     }
 
-    /// The number of ids handed out so far, live or free: every live id is below it.
+    /// The number of ids handed out so far, live, free or held: every live id is below it.
     pub fn len_with_free(&self) -> SlotId {
         let full = self.chunks.len().saturating_sub(1) * CHUNK;
         let last = self.chunks.last().map_or(0, Vec::len);
@@ -132,18 +160,21 @@ impl<T> Slots<T> {
         }
         let n_ids = self.len_with_free() as usize;
         let mut is_free = vec![false; n_ids];
-        for &slot in &self.free {
+        for &slot in self.free.iter().chain(&self.held) {
             let index = slot as usize;
-            assert!(index < n_ids, "free id {slot} past the table");
-            assert!(!is_free[index], "free id {slot} listed twice");
-            assert!(self.get(slot).is_none(), "free id {slot} has an entry");
+            assert!(index < n_ids, "free or held id {slot} past the table");
+            assert!(!is_free[index], "id {slot} is free or held twice");
+            assert!(
+                self.get(slot).is_none(),
+                "free or held id {slot} has an entry"
+            );
             is_free[index] = true;
         }
         let places = self.chunks.iter().flatten();
         for (index, entry) in places.enumerate() {
             assert!(
                 entry.is_some() || is_free[index],
-                "slot {index} is neither live nor free"
+                "slot {index} is neither live nor free nor held"
             );
         }
     }
@@ -170,6 +201,21 @@ mod tests {
     }
 
     #[test]
+    fn held_ids_are_not_reused_until_released() {
+        let mut slots = Slots::default();
+        let ids: Vec<SlotId> = (0..3).map(|n| slots.insert(n)).collect();
+        assert_eq!(slots.remove_holding_id(ids[1]), 1);
+        assert_eq!(slots.len(), 2);
+        assert!(slots.get(ids[1]).is_none());
+        slots.check_invariants();
+        assert_eq!(slots.insert(3), 3, "a held id is not handed out");
+        slots.release_held_ids();
+        slots.check_invariants();
+        assert_eq!(slots.insert(4), ids[1], "released, it is");
+        slots.check_invariants();
+    }
+
+    #[test]
     fn lookups_of_free_or_unknown_ids_find_nothing() {
         let mut slots = Slots::default();
         let id = slots.insert("a");
@@ -190,7 +236,7 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "listed twice")]
+    #[should_panic(expected = "free or held twice")]
     fn the_check_finds_an_id_freed_twice() {
         let mut slots = Slots::default();
         let id = slots.insert(());
@@ -204,36 +250,56 @@ mod tests {
         Insert(u8),
         /// Removes the n-th live slot (modulo their number).
         Remove(usize),
+        /// The same, holding its id.
+        RemoveHolding(usize),
+        ReleaseHeld,
     }
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             any::<u8>().prop_map(Op::Insert),
-            any::<usize>().prop_map(Op::Remove)
+            any::<usize>().prop_map(Op::Remove),
+            any::<usize>().prop_map(Op::RemoveHolding),
+            Just(Op::ReleaseHeld),
         ]
     }
 
     proptest! {
-        /// Against a map from id to value: the same live entries after every step, and ids
-        /// that stay dense (never more ids than the most entries ever live at once).
+        /// Against a map from id to value: the same live entries after every step, held ids
+        /// never handed out, and ids that stay dense (never more ids than the most entries ever
+        /// live or held at once).
         #[test]
         fn slots_match_a_map_of_live_entries(ops in prop::collection::vec(op(), 1..200)) {
             let mut slots = Slots::default();
             let mut model = BTreeMap::new();
+            let mut held = std::collections::BTreeSet::new();
             let mut most_live = 0;
             for op in ops {
                 match op {
                     Op::Insert(value) => {
                         let id = slots.insert(value);
+                        prop_assert!(!held.contains(&id), "held id {} reused", id);
                         prop_assert!(model.insert(id, value).is_none(), "id {} reused while live", id);
                     }
-                    Op::Remove(nth) if !model.is_empty() => {
+                    Op::Remove(nth) | Op::RemoveHolding(nth) if !model.is_empty() => {
                         let id = *model.keys().nth(nth % model.len()).unwrap();
-                        prop_assert_eq!(slots.remove(id), model.remove(&id).unwrap());
+                        let removed = match op {
+                            Op::Remove(_) => slots.remove(id),
+                            _ => {
+                                held.insert(id);
+                                slots.remove_holding_id(id)
+                            }
+                        };
+                        prop_assert_eq!(removed, model.remove(&id).unwrap());
                     }
-                    Op::Remove(_) => {}
+                    Op::Remove(_) | Op::RemoveHolding(_) => {}
+                    Op::ReleaseHeld => {
+                        slots.release_held_ids();
+                        held.clear();
+                    }
                 }
-                most_live = most_live.max(model.len());
+                prop_assert_eq!(slots.len(), model.len());
+                most_live = most_live.max(model.len() + held.len());
                 slots.check_invariants();
                 let live: Vec<(SlotId, u8)> = slots.iter().map(|(id, &v)| (id, v)).collect();
                 let expected: Vec<(SlotId, u8)> = model.iter().map(|(&id, &v)| (id, v)).collect();

@@ -2,8 +2,11 @@
 
 use ttlwheel::events::EventKind;
 use ttlwheel::expiry::TimerKind;
-use ttlwheel::registry::{ExpireAt, ExpireCondition, ExpireOutcome, Heartbeat, KeyState};
-use ttlwheel::types::Ttl;
+use ttlwheel::registry::{
+    ExpireAt, ExpireCondition, ExpireOutcome, GuardConfig, Heartbeat, KeyState, ListFilter,
+    RegistryConfig,
+};
+use ttlwheel::types::{ServiceName, Ttl};
 
 use crate::{key_of, Harness, UNIX_AT_EPOCH};
 
@@ -591,4 +594,61 @@ fn a_stale_last_second_element_of_a_reused_slot_or_a_moved_key_expires_nothing()
     harness.advance(1); // 1500
     assert_eq!(harness.drained_keys(EventKind::Expired), ["reuser"]);
     harness.registry.check_invariants();
+}
+
+/// A mass expiry's keys leave the listing in one pass once enough of them wait for it
+/// (`Shard::flush_unlisting`). Meanwhile the invariants hold, and whatever comes first (a
+/// page, or a registration of one of those keys) finds the listing without them: a page lists
+/// exactly the alive keys, by key and by service, and a key registered again is listed once.
+#[test]
+fn keys_waiting_to_leave_the_listing_are_never_listed() {
+    let config = |max_ttl_s| RegistryConfig {
+        max_ttl_s,
+        shards: 1,
+        guard: GuardConfig::off(),
+        ..RegistryConfig::default()
+    };
+    for registers_first in [false, true] {
+        let mut harness = Harness::with_config(config(60));
+        for n in 0..1000 {
+            let service = if n % 2 == 0 { "a" } else { "b" };
+            harness.heartbeat_in(&format!("long{n:04}"), 60_000, Some(service));
+        }
+        for n in 0..100 {
+            harness.heartbeat_in(&format!("short{n:03}"), 1_000, Some("a"));
+        }
+        harness.advance(1_000);
+        assert_eq!(harness.drained_keys(EventKind::Expired).len(), 100);
+        // 100 of 1,100 keys left in one step: they wait (fewer than an eighth of those alive).
+        assert_eq!(harness.registry.keys_leaving_listing(), 100);
+        harness.registry.check_invariants();
+        let mut expected: Vec<String> = (0..1000).map(|n| format!("long{n:04}")).collect();
+        if registers_first {
+            harness.heartbeat_in("short007", 1_000, Some("a"));
+            assert_eq!(harness.registry.keys_leaving_listing(), 0);
+            harness.registry.check_invariants();
+            expected.push("short007".to_owned());
+        }
+        let page = |filter: &ListFilter| -> Vec<String> {
+            let (views, more) = harness.registry.list_alive(filter, 2_000, harness.now());
+            assert!(!more);
+            views.into_iter().map(|view| view.key.to_string()).collect()
+        };
+        assert_eq!(page(&ListFilter::default()), expected);
+        assert_eq!(harness.registry.keys_leaving_listing(), 0);
+        harness.registry.check_invariants();
+        let service_a = harness
+            .registry
+            .service_id(&ServiceName::new("a").expect("valid"))
+            .expect("known service");
+        let in_a = ListFilter {
+            service: Some(service_a),
+            ..ListFilter::default()
+        };
+        let expected_a: Vec<String> = (expected.iter())
+            .filter(|key| key.starts_with("short") || key[4..].parse::<u32>().unwrap() % 2 == 0)
+            .cloned()
+            .collect();
+        assert_eq!(page(&in_a), expected_a);
+    }
 }

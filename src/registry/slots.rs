@@ -83,10 +83,7 @@ impl<T> Slots<T> {
 
     /// Removes and returns the entry of a live `slot`; the id becomes free.
     pub fn remove(&mut self, slot: SlotId) -> T {
-        let entry = self
-            .place_mut(slot)
-            .and_then(Option::take)
-            .expect("removing a live slot");
+        let entry = self.take(slot);
         self.free.push(slot);
         entry
     }
@@ -94,12 +91,16 @@ impl<T> Slots<T> {
     /// Removes and returns the entry of a live `slot`, and holds the id: it is not reused
     /// until [`Slots::release_held_ids`].
     pub fn remove_holding_id(&mut self, slot: SlotId) -> T {
-        let entry = self
-            .place_mut(slot)
-            .and_then(Option::take)
-            .expect("removing a live slot");
+        let entry = self.take(slot);
         self.held.push(slot);
         entry
+    }
+
+    /// The entry of a live `slot`, taken out; the caller decides what becomes of the id.
+    fn take(&mut self, slot: SlotId) -> T {
+        self.place_mut(slot)
+            .and_then(Option::take)
+            .expect("removing a live slot")
     }
 
     /// The held ids (invariant checks).

@@ -494,8 +494,9 @@ impl OrderedIndex {
     }
 }
 
-/// A set of slot ids as a bitmap (a bit per id up to the largest inserted): what a sweep step
-/// takes out of the listing in one pass. Cleared, it keeps its memory for the next step.
+/// A set of slot ids as a bitmap (a bit per id up to the largest inserted): the keys of a mass
+/// expiry's sweep steps that wait for the listing's next pass (`Shard::flush_unlisting`).
+/// Cleared, it keeps its memory for the next mass expiry.
 #[derive(Debug, Default)]
 pub(super) struct SlotSet {
     words: Vec<u64>,

@@ -14,7 +14,7 @@
 //! Why a table of slot ids beside a slot table, rather than the entries inline in the table:
 //! the wheel, the last second's groups, the held list and the heap's back-references all refer
 //! to a key by its dense slot id, which never moves while the key lives; entries inline in a
-//! hash table move on every resize (72 bytes each, under the lock), and references to them
+//! hash table move on every resize (64 bytes each, under the lock), and references to them
 //! would need a second probe. See ARCHITECTURE.md, "The store".
 //!
 //! Which bits do what, so that the choices do not follow each other: the registry picks a

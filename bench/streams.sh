@@ -136,7 +136,14 @@ for scenario in $SCENARIOS; do
       if (s == "reading") printf " = %.1f ns per event per stream", cpu * 1e9 / events / n
     }')
   if [ -n "$STREAMS" ]; then
-    line="$line; $(grep '^streams:.*received' "$OUT/streams-$scenario.log" | sed 's/^streams: //')"
+    summary=$(grep '^streams:.*received' "$OUT/streams-$scenario.log" | sed 's/^streams: //')
+    line="$line; $summary"
+    # The per-stream figure divides by every client: it holds only if none was cut off.
+    cut=$(echo "$summary" | awk '{for (i = 2; i <= NF; i++) {
+      if ($i ~ /^resets/ || ($i == "ended" && $(i + 1) == "early")) n += $(i - 1)}} END {print n + 0}')
+    if [ "$scenario" = reading ] && [ "$cut" -gt 0 ]; then
+      line="$line; NOT VALID per stream: $cut of $CLIENTS streams were reset or ended early"
+    fi
   fi
   echo "$line" | tee -a "$OUT/results.txt"
   stop

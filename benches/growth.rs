@@ -5,6 +5,17 @@
 //! `bench/growth.sh` shows what a client sees).
 //!
 //! Run: `cargo bench --bench growth` (`TTLWHEEL_BENCH_MAX_KEYS=1000000` for a quick run).
+//!
+//! On the allocator the service binary is built with (jemalloc by default, `src/main.rs`),
+//! since a table's growth costs what that allocator makes it cost; with
+//! `--no-default-features`, the system's.
+
+#[cfg(all(feature = "alloc-jemalloc", not(feature = "alloc-mimalloc")))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+#[cfg(feature = "alloc-mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::time::Instant as StdInstant;
 

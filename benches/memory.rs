@@ -5,6 +5,17 @@
 //! hide the cost of the next. Keys are generated on the fly; the benchmark keeps no copy.
 //!
 //! Run: `cargo bench --bench memory` (prints one line per configuration).
+//!
+//! On the allocator the service binary is built with (jemalloc by default, `src/main.rs`),
+//! with its settings: its retention is part of each key's cost; with
+//! `--no-default-features`, the system's.
+
+#[cfg(all(feature = "alloc-jemalloc", not(feature = "alloc-mimalloc")))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+#[cfg(feature = "alloc-mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::process::Command;
 

@@ -43,6 +43,9 @@ use crate::types::{Key, Meta};
 use foldhash::fast::RandomState;
 
 mod replicated;
+mod times;
+
+use times::Times;
 
 pub use replicated::CheckpointItem;
 
@@ -141,19 +144,19 @@ impl TimerRef {
     }
 }
 
-/// One registered key. 72 bytes, of which the key's inline buffer is 24 (checked by a test).
+/// One registered key. 64 bytes and aligned to 64, so one cache line, of which the key's
+/// inline buffer is 24 (checked by a test; see `times`).
 #[derive(Debug)]
+#[repr(align(64))]
 struct Entry {
     key: Key,
     meta: Option<Meta>,
-    /// Epoch ms; `NO_DEADLINE` when persistent. The exact deadline: TTL answers use it, never
-    /// the bucket.
-    deadline_ms: u64,
-    /// The TTL last given (by a heartbeat or an EXPIRE); meaningless when persistent.
-    ttl_ms: u64,
-    /// Unix ms (display only; Unix rather than epoch time because a key restored from the
-    /// persistence log may predate this process).
-    last_heartbeat_unix_ms: u64,
+    /// - the deadline: epoch ms, `NO_DEADLINE` when persistent. The exact deadline: TTL
+    ///   answers use it, never the bucket;
+    /// - the TTL last given (by a heartbeat or an EXPIRE); meaningless when persistent;
+    /// - the last heartbeat: Unix ms (display only; Unix rather than epoch time because a key
+    ///   restored from the persistence log may predate this process).
+    times: Times,
     /// Registration time, Unix seconds (good until 2106), and in [`Entry::flags`] the
     /// milliseconds past them: split so that, with the 2-byte service id, they fill 8 bytes (a
     /// `u64` of ms would make the entry 80 bytes). Kept to the millisecond so that
@@ -178,6 +181,31 @@ const RENEWED: u16 = 1 << 13;
 const SUBSEC_MS: u16 = (1 << 10) - 1;
 
 impl Entry {
+    /// Epoch ms, or `NO_DEADLINE`.
+    fn deadline_ms(&self) -> u64 {
+        self.times.deadline_ms()
+    }
+
+    fn set_deadline_ms(&mut self, deadline_ms: u64) {
+        self.times.set_deadline_ms(deadline_ms);
+    }
+
+    fn ttl_ms(&self) -> u64 {
+        self.times.ttl_ms()
+    }
+
+    fn set_ttl_ms(&mut self, ttl_ms: u64) {
+        self.times.set_ttl_ms(ttl_ms);
+    }
+
+    fn last_heartbeat_unix_ms(&self) -> u64 {
+        self.times.last_heartbeat_unix_ms()
+    }
+
+    fn set_last_heartbeat_unix_ms(&mut self, unix_ms: u64) {
+        self.times.set_last_heartbeat_unix_ms(unix_ms);
+    }
+
     /// Registration time in Unix ms.
     fn registered_unix_ms(&self) -> u64 {
         u64::from(self.registered_unix_s) * 1000 + u64::from(self.flags & SUBSEC_MS)
@@ -196,17 +224,17 @@ impl Entry {
                 at_unix_ms: ctx.clock.unix_ms(deadline_ms),
             },
             Some(_) => Expiry::Relative {
-                ttl_ms: self.ttl_ms,
+                ttl_ms: self.ttl_ms(),
             },
         }
     }
 
     fn ttl(&self) -> Option<u64> {
-        (self.deadline_ms != NO_DEADLINE).then_some(self.ttl_ms)
+        (self.deadline_ms() != NO_DEADLINE).then_some(self.ttl_ms())
     }
 
     fn deadline(&self) -> Option<u64> {
-        (self.deadline_ms != NO_DEADLINE).then_some(self.deadline_ms)
+        (self.deadline_ms() != NO_DEADLINE).then_some(self.deadline_ms())
     }
 
     /// Whole milliseconds left at `now`, rounded down (`Now::ms_left`): never more than what
@@ -214,7 +242,7 @@ impl Entry {
     /// minus the wall clock.
     fn remaining(&self, now: Now) -> Option<u64> {
         self.deadline()
-            .map(|deadline_ms| now.ms_left(deadline_ms).min(self.ttl_ms))
+            .map(|deadline_ms| now.ms_left(deadline_ms).min(self.ttl_ms()))
     }
 }
 
@@ -427,12 +455,12 @@ impl Shard {
                     // heartbeat of the key (a batch applied at the instant it arrived, after a
                     // single sent later) is older news. With the TTL unchanged, the deadline
                     // there was set by a heartbeat's `now + ttl` (or the restart's).
-                    deadline_ms = deadline_ms.max(entry.deadline_ms);
-                    now_unix_ms = now_unix_ms.max(entry.last_heartbeat_unix_ms);
+                    deadline_ms = deadline_ms.max(entry.deadline_ms());
+                    now_unix_ms = now_unix_ms.max(entry.last_heartbeat_unix_ms());
                 }
-                entry.deadline_ms = deadline_ms;
-                entry.ttl_ms = ttl_ms;
-                entry.last_heartbeat_unix_ms = now_unix_ms;
+                entry.set_deadline_ms(deadline_ms);
+                entry.set_ttl_ms(ttl_ms);
+                entry.set_last_heartbeat_unix_ms(now_unix_ms);
                 entry.flags &= !(ABSOLUTE | RESTORED);
                 if meta.is_some() {
                     entry.meta = meta;
@@ -444,9 +472,7 @@ impl Shard {
                 let entry = Entry {
                     key: key.0.clone(),
                     meta,
-                    deadline_ms,
-                    ttl_ms,
-                    last_heartbeat_unix_ms: now_unix_ms,
+                    times: Times::new(deadline_ms, ttl_ms, now_unix_ms),
                     registered_unix_s,
                     flags,
                     service: service.unwrap_or(ServiceId::NONE),
@@ -507,7 +533,7 @@ impl Shard {
         }
         self.schedule(slot, None, NO_DEADLINE);
         let entry = self.slots.entry_mut(slot);
-        entry.deadline_ms = NO_DEADLINE;
+        entry.set_deadline_ms(NO_DEADLINE);
         entry.flags &= !ABSOLUTE;
         self.record_state(slot, ctx);
         Ok(Some(true))
@@ -563,8 +589,8 @@ impl Shard {
             deadline_ms,
         );
         let entry = self.slots.entry_mut(slot);
-        entry.deadline_ms = deadline_ms;
-        entry.ttl_ms = ttl_ms;
+        entry.set_deadline_ms(deadline_ms);
+        entry.set_ttl_ms(ttl_ms);
         entry.flags = (entry.flags & !(ABSOLUTE | RESTORED)) | if absolute { ABSOLUTE } else { 0 };
         self.record_state(slot, ctx);
         Ok(ExpireOutcome::Applied { ttl_ms })
@@ -639,7 +665,7 @@ impl Shard {
                 self.drop_stale();
                 continue;
             };
-            let deadline_ms = entry.deadline_ms;
+            let deadline_ms = entry.deadline_ms();
             if deadline_ms > tick_end_ms {
                 // Filed at the horizon because the sweeper was behind (see `TimingWheel::clamp`):
                 // not due in this second, so file it again where it belongs.
@@ -784,7 +810,7 @@ impl Shard {
     /// holds. Returns 1 if it expired.
     fn expire_wheel_key(&mut self, slot: SlotId, ctx: &Ctx<'_>, now_ms: u64) -> usize {
         debug_assert!(
-            self.slots.entry(slot).deadline_ms <= now_ms,
+            self.slots.entry(slot).deadline_ms() <= now_ms,
             "expired early"
         );
         self.consume_wheel_element(slot);
@@ -908,7 +934,7 @@ impl Shard {
                 let entry = self.slots.entry(slot);
                 let held = matches!(entry.timer.get(), Timer::Held { .. });
                 // Held keys always; others only while not due, and not when only held ones are wanted.
-                held || (entry.deadline_ms > now_ms && !filter.held_only)
+                held || (entry.deadline_ms() > now_ms && !filter.held_only)
             })
             .take(limit)
             .map(|slot| self.view_of(slot))
@@ -978,7 +1004,7 @@ impl Shard {
                 entry.meta = state.meta;
                 entry.registered_unix_s = registered_unix_s;
                 entry.flags = flags;
-                entry.last_heartbeat_unix_ms = state.last_heartbeat_unix_ms;
+                entry.set_last_heartbeat_unix_ms(state.last_heartbeat_unix_ms);
                 slot
             }
             None => {
@@ -988,9 +1014,7 @@ impl Shard {
                     Entry {
                         key: state.key,
                         meta: state.meta,
-                        deadline_ms,
-                        ttl_ms,
-                        last_heartbeat_unix_ms: state.last_heartbeat_unix_ms,
+                        times: Times::new(deadline_ms, ttl_ms, state.last_heartbeat_unix_ms),
                         registered_unix_s,
                         flags,
                         service,
@@ -1001,8 +1025,8 @@ impl Shard {
         };
         self.schedule(slot, timer, deadline_ms);
         let entry = self.slots.entry_mut(slot);
-        entry.deadline_ms = deadline_ms;
-        entry.ttl_ms = ttl_ms;
+        entry.set_deadline_ms(deadline_ms);
+        entry.set_ttl_ms(ttl_ms);
     }
 
     /// Applies a deletion or an expiry read back from the log: the key leaves the alive keys
@@ -1156,7 +1180,7 @@ impl Shard {
                     self.check_timer_kind(entry, TimerKind::Heap);
                     assert_eq!(
                         self.heap.deadline_of(slot),
-                        Some(entry.deadline_ms),
+                        Some(entry.deadline_ms()),
                         "{}'s heap deadline",
                         entry.key
                     );
@@ -1169,7 +1193,8 @@ impl Shard {
                         entry.key
                     );
                     assert_ne!(
-                        entry.deadline_ms, NO_DEADLINE,
+                        entry.deadline_ms(),
+                        NO_DEADLINE,
                         "{} is held without a deadline",
                         entry.key
                     );
@@ -1196,7 +1221,8 @@ impl Shard {
                 }
                 Timer::Persistent => {
                     assert_eq!(
-                        entry.deadline_ms, NO_DEADLINE,
+                        entry.deadline_ms(),
+                        NO_DEADLINE,
                         "{} has a deadline but no timer",
                         entry.key
                     );
@@ -1313,7 +1339,7 @@ impl Shard {
                 "{key}'s element in the last second"
             );
             assert!(
-                entry.deadline_ms <= u64::from(tick) * 1000,
+                entry.deadline_ms() <= u64::from(tick) * 1000,
                 "{key} is in the last second of {tick}, past its deadline's"
             );
         } else {
@@ -1327,7 +1353,7 @@ impl Shard {
         }
         // Filed in its deadline's tick; earlier only at the horizon (re-filed when that comes
         // due); later only when that tick was already swept (then in the next one to sweep).
-        let deadline_tick = TimingWheel::tick_of(entry.deadline_ms);
+        let deadline_tick = TimingWheel::tick_of(entry.deadline_ms());
         assert!(
             tick <= deadline_tick || tick <= self.wheel.swept_through() + 1,
             "{key} is filed at tick {tick}, after its deadline's tick {deadline_tick}"
@@ -1336,13 +1362,14 @@ impl Shard {
 
     fn check_timer_kind(&self, entry: &Entry, kind: TimerKind) {
         assert_ne!(
-            entry.deadline_ms, NO_DEADLINE,
+            entry.deadline_ms(),
+            NO_DEADLINE,
             "{} is timed without a deadline",
             entry.key
         );
         let max_ttl_s = (self.wheel.n_buckets() - 2) as u32;
         assert_eq!(
-            TimerKind::for_ttl(entry.ttl_ms, max_ttl_s),
+            TimerKind::for_ttl(entry.ttl_ms(), max_ttl_s),
             kind,
             "{}'s timer for its TTL",
             entry.key
@@ -1395,7 +1422,7 @@ impl Shard {
         let slot = self.find(key)?;
         let entry = self.slots.entry(slot);
         // A cluster member's keys leave only by committed entries: a due key is still there.
-        if entry.deadline_ms > now_ms
+        if entry.deadline_ms() > now_ms
             || matches!(entry.timer.get(), Timer::Held { .. })
             || ctx.config.replicated
         {
@@ -1421,7 +1448,7 @@ impl Shard {
         for &slot in found.iter() {
             let entry = self.slots.entry(slot);
             let timer = entry.timer;
-            read ^= entry.deadline_ms ^ u64::from(timer.tick) ^ entry.key.as_str().len() as u64;
+            read ^= entry.deadline_ms() ^ u64::from(timer.tick) ^ entry.key.as_str().len() as u64;
         }
         read
     }
@@ -1475,7 +1502,7 @@ impl Shard {
                 EventKind::Expired => Record::Expired {
                     key: entry.key.clone(),
                     at_unix_ms,
-                    last_heartbeat_unix_ms: entry.last_heartbeat_unix_ms,
+                    last_heartbeat_unix_ms: entry.last_heartbeat_unix_ms(),
                 },
                 EventKind::Deleted
                 | EventKind::Registered
@@ -1531,8 +1558,8 @@ impl Shard {
     fn add_to_expired_list(&mut self, entry: Entry, hash: KeyHash, expired_unix_ms: u64) {
         let record = ExpiredRecord {
             service: entry.service,
+            last_heartbeat_unix_ms: entry.last_heartbeat_unix_ms(),
             meta: entry.meta,
-            last_heartbeat_unix_ms: entry.last_heartbeat_unix_ms,
             expired_unix_ms,
         };
         self.expired.record(entry.key, hash, record);
@@ -1554,7 +1581,7 @@ impl Shard {
             meta: entry.meta.clone(),
             expiry: entry.expiry(ctx),
             registered_unix_ms: entry.registered_unix_ms(),
-            last_heartbeat_unix_ms: entry.last_heartbeat_unix_ms,
+            last_heartbeat_unix_ms: entry.last_heartbeat_unix_ms(),
         }
     }
 
@@ -1680,13 +1707,13 @@ impl Shard {
             ttl_ms: entry.ttl(),
             deadline_ms: entry.deadline(),
             registered_unix_ms: entry.registered_unix_ms(),
-            last_heartbeat_unix_ms: entry.last_heartbeat_unix_ms,
+            last_heartbeat_unix_ms: entry.last_heartbeat_unix_ms(),
             timer: match entry.timer.get() {
                 Timer::Persistent => None,
                 Timer::Heap => Some(TimerKind::Heap),
                 Timer::Wheel { .. } => Some(TimerKind::Wheel),
                 Timer::Held { .. } | Timer::Expiring { .. } => Some(TimerKind::for_ttl(
-                    entry.ttl_ms,
+                    entry.ttl_ms(),
                     (self.wheel.n_buckets() - 2) as u32,
                 )),
             },
@@ -1704,7 +1731,7 @@ fn event_of(kind: EventKind, entry: &Entry, ctx: &Ctx<'_>, now_ms: u64) -> Event
     let occurred_at_ms = ctx.clock.unix_ms(now_ms);
     let (deadline_ms, lateness_ms) = match (kind, entry.deadline()) {
         (EventKind::Expired, Some(deadline_ms)) => {
-            let stalled_ms = ctx.clock.stalled_since_unix(entry.last_heartbeat_unix_ms);
+            let stalled_ms = ctx.clock.stalled_since_unix(entry.last_heartbeat_unix_ms());
             let lateness_ms = now_ms.saturating_sub(deadline_ms) + stalled_ms;
             (
                 Some(occurred_at_ms.saturating_sub(lateness_ms)),
@@ -1720,7 +1747,7 @@ fn event_of(kind: EventKind, entry: &Entry, ctx: &Ctx<'_>, now_ms: u64) -> Event
         meta: entry.meta.clone(),
         ttl_ms: entry.ttl(),
         registered_at_ms: entry.registered_unix_ms(),
-        last_heartbeat_at_ms: entry.last_heartbeat_unix_ms,
+        last_heartbeat_at_ms: entry.last_heartbeat_unix_ms(),
         deadline_ms,
         occurred_at_ms,
         lateness_ms,
@@ -1734,7 +1761,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_entry_costs_72_bytes_including_the_inline_key() {
-        assert_eq!(std::mem::size_of::<Option<Entry>>(), 72);
+    fn an_entry_is_one_cache_line_including_the_inline_key() {
+        assert_eq!(std::mem::size_of::<Option<Entry>>(), 64);
+        assert_eq!(std::mem::align_of::<Option<Entry>>(), 64);
     }
 }

@@ -22,7 +22,7 @@ use crate::expiry::wheel::SlotId;
 
 /// log2 of [`CHUNK`]; 16 entries in the unit tests, so that they cross chunk boundaries.
 const CHUNK_BITS: u32 = if cfg!(test) { 4 } else { 12 };
-/// Entries per chunk: 4,096 outside tests (288 KiB of 72-byte entries, of which only the pages written count
+/// Entries per chunk: 4,096 outside tests (256 KiB of 64-byte entries, of which only the pages written count
 /// in the process's memory), so a lookup's extra step is into a chunk list that stays in cache
 /// (2,500 chunk pointers for 10M keys).
 const CHUNK: usize = 1 << CHUNK_BITS;

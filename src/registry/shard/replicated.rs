@@ -118,7 +118,7 @@ impl Shard {
         // Applied from the log, not restored at a restart: its expiry is a live one.
         let entry = self.slots.entry_mut(slot);
         entry.flags &= !RESTORED;
-        let heap_deadline = (entry.timer.get() == Timer::Heap).then_some(entry.deadline_ms);
+        let heap_deadline = (entry.timer.get() == Timer::Heap).then_some(entry.deadline_ms());
         self.set_generation(slot, generation);
         if created {
             self.registered(slot, ctx, now.ms);
@@ -240,13 +240,14 @@ impl Shard {
             return;
         }
         let entry = self.slots.entry(slot);
-        if entry.deadline_ms == NO_DEADLINE || matches!(entry.timer.get(), Timer::Expiring { .. }) {
+        if entry.deadline_ms() == NO_DEADLINE || matches!(entry.timer.get(), Timer::Expiring { .. })
+        {
             return;
         }
-        let timer = TimerKind::for_ttl(entry.ttl_ms, ctx.config.max_ttl_s);
+        let timer = TimerKind::for_ttl(entry.ttl_ms(), ctx.config.max_ttl_s);
         let deadline_ms = now.deadline_ms(item.remaining_ms);
         self.schedule(slot, Some(timer), deadline_ms);
-        self.slots.entry_mut(slot).deadline_ms = deadline_ms;
+        self.slots.entry_mut(slot).set_deadline_ms(deadline_ms);
     }
 
     /// Moves the keys renewed since the last checkpoint into `out`, with their time left.
@@ -308,14 +309,15 @@ impl Shard {
             let Some(entry) = self.slots.get(slot) else {
                 continue;
             };
-            if entry.deadline_ms == NO_DEADLINE || matches!(entry.timer.get(), Timer::Held { .. }) {
+            if entry.deadline_ms() == NO_DEADLINE || matches!(entry.timer.get(), Timer::Held { .. })
+            {
                 continue;
             }
-            let remaining_ms = entry.deadline_ms.saturating_sub(contact_ms);
-            let deadline_ms = deadline_for(remaining_ms, entry.ttl_ms);
-            let timer = TimerKind::for_ttl(entry.ttl_ms, ctx.config.max_ttl_s);
+            let remaining_ms = entry.deadline_ms().saturating_sub(contact_ms);
+            let deadline_ms = deadline_for(remaining_ms, entry.ttl_ms());
+            let timer = TimerKind::for_ttl(entry.ttl_ms(), ctx.config.max_ttl_s);
             self.schedule(slot, Some(timer), deadline_ms);
-            self.slots.entry_mut(slot).deadline_ms = deadline_ms;
+            self.slots.entry_mut(slot).set_deadline_ms(deadline_ms);
         }
         (end < self.slots.len_with_free()).then_some(end)
     }

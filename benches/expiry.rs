@@ -23,12 +23,7 @@
 //! default, `src/main.rs`), since that is what the running service pays; with
 //! `--no-default-features`, the system's.
 
-#[cfg(all(feature = "alloc-jemalloc", not(feature = "alloc-mimalloc")))]
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-#[cfg(feature = "alloc-mimalloc")]
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+ttlwheel::service_allocator!();
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};

@@ -10,12 +10,7 @@
 //! since a table's growth costs what that allocator makes it cost; with
 //! `--no-default-features`, the system's.
 
-#[cfg(all(feature = "alloc-jemalloc", not(feature = "alloc-mimalloc")))]
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-#[cfg(feature = "alloc-mimalloc")]
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+ttlwheel::service_allocator!();
 
 use std::time::Instant as StdInstant;
 

@@ -10,12 +10,7 @@
 //! with its settings: its retention is part of each key's cost; with
 //! `--no-default-features`, the system's.
 
-#[cfg(all(feature = "alloc-jemalloc", not(feature = "alloc-mimalloc")))]
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-#[cfg(feature = "alloc-mimalloc")]
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+ttlwheel::service_allocator!();
 
 use std::process::Command;
 

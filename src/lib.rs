@@ -24,6 +24,23 @@
 //!
 //! See `ARCHITECTURE.md` for the map and the invariants.
 
+/// Declares the process's global allocator as the service binary has it: jemalloc by default,
+/// with the settings built in (why: `src/main.rs`), mimalloc with the `alloc-mimalloc` feature,
+/// the system's with neither. For the binary and for the benchmarks that measure what the
+/// service pays. It expands in the caller, so the features and the allocator crates
+/// (`tikv-jemallocator`, `mimalloc`) are the caller's: this package's binary and benches.
+#[macro_export]
+macro_rules! service_allocator {
+    () => {
+        #[cfg(all(feature = "alloc-jemalloc", not(feature = "alloc-mimalloc")))]
+        #[global_allocator]
+        static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+        #[cfg(feature = "alloc-mimalloc")]
+        #[global_allocator]
+        static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+    };
+}
+
 pub mod auth;
 pub mod bulk;
 pub mod cli;

@@ -9,26 +9,21 @@ use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 use ttlwheel::config::{Command, Config, LogFormat, Serving, TokenCommand};
 
-/// jemalloc, with background threads that return freed memory to the OS after 1 s
-/// (`background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0`) and small thread caches
-/// (`tcache_max:4096,tcache_nslots_small_min:4,tcache_nslots_small_max:4,tcache_nslots_large:1`),
-/// built in: Cargo.toml and .cargo/config.toml. Why: the allocator's retention is part of what
-/// a user sees. glibc's malloc crept under steady renewals; mimalloc returns freed pages only
-/// when the thread that freed them allocates again, so an idle serving thread kept the buffers
-/// of the batches it had parsed (+100 MB at 100k keys, against +33 MB with jemalloc as
-/// configured). jemalloc's thread caches are flushed only as their thread allocates, so a
-/// serving thread idle after a burst kept up to 200 objects per size class and the slabs they
-/// pin (~0.4 MiB of a 10k-key registration's 3.4 MiB; no batch or single-heartbeat throughput
-/// difference measured). Figures: BENCHMARKS.md, "Memory at every size" and "Engine III", "The
-/// fixed cost at 10k keys". `_RJEM_MALLOC_CONF` overrides the settings at run
-/// time; the `alloc-*` features pick another allocator, for measuring
-/// (`--no-default-features`: the system's).
-#[cfg(all(feature = "alloc-jemalloc", not(feature = "alloc-mimalloc")))]
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-#[cfg(feature = "alloc-mimalloc")]
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+// jemalloc, with background threads that return freed memory to the OS after 1 s
+// (`background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0`) and small thread caches
+// (`tcache_max:4096,tcache_nslots_small_min:4,tcache_nslots_small_max:4,tcache_nslots_large:1`),
+// built in: Cargo.toml and .cargo/config.toml. Why: the allocator's retention is part of what
+// a user sees. glibc's malloc crept under steady renewals; mimalloc returns freed pages only
+// when the thread that freed them allocates again, so an idle serving thread kept the buffers
+// of the batches it had parsed (+100 MB at 100k keys, against +33 MB with jemalloc as
+// configured). jemalloc's thread caches are flushed only as their thread allocates, so a
+// serving thread idle after a burst kept up to 200 objects per size class and the slabs they
+// pin (~0.4 MiB of a 10k-key registration's 3.4 MiB; no batch or single-heartbeat throughput
+// difference measured). Figures: BENCHMARKS.md, "Memory at every size" and "Engine III", "The
+// fixed cost at 10k keys". `_RJEM_MALLOC_CONF` overrides the settings at run
+// time; the `alloc-*` features pick another allocator, for measuring
+// (`--no-default-features`: the system's).
+ttlwheel::service_allocator!();
 
 fn main() -> anyhow::Result<()> {
     let config = Config::parse();

@@ -24,11 +24,19 @@ use hashbrown::HashTable;
 
 use super::listing::ListFilter;
 use super::services::ServiceId;
-use super::table::{table_hash, KeyHash};
+use super::table::KeyHash;
 use crate::types::{Key, Meta};
 
 /// The first allocation of a queue (records), unless the count bound is smaller.
 const MIN_CAPACITY: usize = 16;
+
+/// The hash the table of current records probes with, rebuilt from a tag alone (so a
+/// resize reads no record). Both halves are the tag: hashbrown takes the probe position from
+/// the low bits and the control byte from the top seven, which are then the tag's low and top
+/// bits.
+fn table_hash(tag: u32) -> u64 {
+    (u64::from(tag) << 32) | u64::from(tag)
+}
 
 /// What is kept of an expired key.
 #[derive(Clone, Debug)]

@@ -70,14 +70,6 @@ impl KeyHash {
     }
 }
 
-/// The hash the expired log's `hashbrown` table probes with, rebuilt from a tag alone (so a
-/// resize reads no record). Both halves are the tag: hashbrown takes the probe position from
-/// the low bits and the control byte from the top seven, which are then the tag's low and top
-/// bits.
-pub(super) fn table_hash(tag: u32) -> u64 {
-    (u64::from(tag) << 32) | u64::from(tag)
-}
-
 /// An empty place; an element is never 0 because it stores its slot id plus one.
 const EMPTY: u64 = 0;
 

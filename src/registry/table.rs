@@ -7,9 +7,9 @@
 //! only the entry of the key it finds (a different key with the same 32-bit tag in one shard is
 //! rare: one in 4 billion per comparison). And the table rehashes from its elements alone when
 //! it grows, without reading a single entry: growing a shard of 600k keys moves 5 MB of
-//! elements (~9 ms under the lock at 10M keys, `cargo bench --bench growth`), where a table that had to hash each key again through its entry took a random
-//! memory access per key (hundreds of milliseconds under the lock at 10M keys, measured in the
-//! first engine pass).
+//! elements (~9 ms under the lock at 10M keys, `cargo bench --bench growth`), where a table
+//! that had to hash each key again through its entry took a random memory access per key
+//! (hundreds of milliseconds under the lock at 10M keys, measured in the first engine pass).
 //!
 //! Why a table of slot ids beside a slot table, rather than the entries inline in the table:
 //! the wheel, the last second's groups, the held list and the heap's back-references all refer

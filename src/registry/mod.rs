@@ -158,9 +158,11 @@ impl Ctx<'_> {
         self.keys.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// A key left the index.
-    fn free_key(&self) {
-        self.keys.fetch_sub(1, Ordering::AcqRel);
+    /// `n` keys left the index.
+    fn free_keys(&self, n: usize) {
+        if n > 0 {
+            self.keys.fetch_sub(n as u64, Ordering::AcqRel);
+        }
     }
 }
 

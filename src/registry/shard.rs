@@ -678,7 +678,7 @@ impl Shard {
                 self.last.push(deadline_ms, slot);
             }
         }
-        self.finish_mass_removal();
+        self.finish_mass_removal(ctx);
         n_expired
     }
 
@@ -708,7 +708,7 @@ impl Shard {
                 self.drop_stale();
             }
         }
-        self.finish_mass_removal();
+        self.finish_mass_removal(ctx);
         due.clear();
         self.scratch = due;
         self.expired.prune(ctx.clock.unix_ms(now_ms));
@@ -722,12 +722,18 @@ impl Shard {
     /// - when that is a good part of the listing, they are taken out of it in one pass at the
     ///   end (see `listing::SortedSlots::remove_all`), not one search each;
     /// - their key table elements are removed together at the end, in one loop: each removal
-    ///   waits on two cache misses (the control group, then the element), and a loop that does
-    ///   only that lets the processor overlap the misses of the next ones, where the whole
-    ///   expiry of a key between two removals kept them apart (the removal was ~30 % of a mass
-    ///   expiry's profile);
+    ///   waits on a cache miss (the line its probe starts in), and a loop that does only that
+    ///   lets the processor overlap the misses of the next ones, where the whole expiry of a
+    ///   key between two removals kept them apart (the removal was ~30 % of a mass expiry's
+    ///   profile);
     /// - the events vector is sized for them at once, not doubled ten times (each time a copy
-    ///   and, for a fresh allocation, page faults).
+    ///   and, for a fresh allocation, page faults);
+    /// - the registry's key count goes down once for all of them at the end: a locked
+    ///   decrement per key waits for every store before it (the event just written) to
+    ///   drain, and was ~10 % of a mass expiry's profile. Until the end the count is high by
+    ///   the keys removed so far, so a creation elsewhere may be refused at `max_keys` for
+    ///   the length of one step (at most [`SWEEP_CHUNK`](super::sweep::SWEEP_CHUNK) keys):
+    ///   it errs on the side of the limit.
     ///
     /// Nothing may find a key or list in between: the slots freed meanwhile are still in the
     /// table and the listing. A sweep step only removes.
@@ -752,10 +758,12 @@ impl Shard {
 
     /// Ends [`Shard::begin_mass_removal`]: the table lets go of the keys removed, and the
     /// listing too once enough wait for it (see [`UNLIST_BATCH`]).
-    fn finish_mass_removal(&mut self) {
+    fn finish_mass_removal(&mut self, ctx: &Ctx<'_>) {
         if !std::mem::take(&mut self.removing_in_bulk) {
             return;
         }
+        // Each key removed in bulk left one table removal behind (see `detach`).
+        ctx.free_keys(self.table_removals.len());
         self.table.remove_all(&self.table_removals);
         self.table_removals.clear();
         self.unlisting_in_bulk = false;
@@ -848,7 +856,7 @@ impl Shard {
             }
             handled += 1;
         }
-        self.finish_mass_removal();
+        self.finish_mass_removal(ctx);
         (handled, n_expired, more)
     }
 
@@ -875,7 +883,7 @@ impl Shard {
             let slot = *self.held.last().expect("n <= held");
             self.expire_due(slot, ctx, now.ms);
         }
-        self.finish_mass_removal();
+        self.finish_mass_removal(ctx);
         n
     }
 
@@ -1484,12 +1492,16 @@ impl Shard {
     /// vector goes to the bus whole and waits there until the stream and the webhooks have
     /// taken it: its first allocation is exact (one event, not `Vec`'s minimum of four), so a
     /// burst of registrations in flight holds a quarter of the bytes.
-    fn pend(&mut self, mut event: Event) {
-        event.log_id = event.log_id.or(self.log_stamp);
+    fn pend(&mut self, event: Event) {
         if self.pending_events.capacity() == 0 {
             self.pending_events.reserve_exact(1);
         }
         self.pending_events.push(event);
+        // Stamped in place: stamping `event` before the push copied it once more, and that
+        // copy was ~8 % of a mass expiry (BENCHMARKS.md, ninth session).
+        if let Some(pending) = self.pending_events.last_mut() {
+            pending.log_id = pending.log_id.or(self.log_stamp);
+        }
     }
 
     /// Removes the key in `slot` from every structure, and queues its event and log record.
@@ -1522,7 +1534,6 @@ impl Shard {
     /// Takes the key in `slot` out of every structure, silently, and returns its entry and its
     /// key's hash.
     fn detach(&mut self, slot: SlotId, ctx: &Ctx<'_>) -> (Entry, KeyHash) {
-        ctx.free_key();
         self.unschedule(slot);
         // Once keys wait for the listing's pass, every removal waits: a search could pass them.
         let unlist_later =
@@ -1546,9 +1557,11 @@ impl Shard {
         };
         let hash = ctx.hash(&entry.key);
         if self.removing_in_bulk {
+            // Freed in `finish_mass_removal`, with the table element.
             self.table_removals.push((hash, slot));
         } else {
             self.table.remove(hash, slot);
+            ctx.free_keys(1);
         }
         self.count_service(entry.service, -1);
         (entry, hash)

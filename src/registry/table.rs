@@ -269,8 +269,10 @@ impl KeyTable {
     }
 
     /// While the table grows: moves the elements of the next [`MOVE_STEP`] old places to the
-    /// new array, leaving tombstones, and lets the old array go after its last place.
-    fn move_step(&mut self) {
+    /// new array, leaving tombstones, and lets the old array go after its last place. Inserts
+    /// and removals call it, and so does the shard's every mutating lookup: a fleet that only
+    /// renews once it has registered must not keep probing two arrays.
+    pub fn move_step(&mut self) {
         if self.old.is_empty() {
             return;
         }
@@ -290,6 +292,12 @@ impl KeyTable {
             self.old = Vec::new();
             self.cursor = 0;
         }
+    }
+
+    /// Whether a doubling is moving elements still.
+    #[cfg(test)]
+    pub fn is_growing(&self) -> bool {
+        !self.old.is_empty()
     }
 
     /// Checks that the table holds exactly one element for each of the `n_live` slots, tagged

@@ -1427,6 +1427,8 @@ impl Shard {
     /// expired here and then, so that no read ever sees it, even before the sweeper reaches it;
     /// held instead while the guard holds.
     fn find_alive(&mut self, key: Keyed<'_>, ctx: &Ctx<'_>, now_ms: u64) -> Option<SlotId> {
+        // A doubling in progress finishes even if the keys only renew from now on.
+        self.table.move_step();
         let slot = self.find(key)?;
         let entry = self.slots.entry(slot);
         // A cluster member's keys leave only by committed entries: a due key is still there.
@@ -1445,8 +1447,8 @@ impl Shard {
     }
 
     /// Reads what heartbeats on the keys with `hashes` will read, so that it is in the cache
-    /// when they come (see `Registry::warm` for why), and changes nothing: the table's groups
-    /// and elements, then the entries the elements point to. One loop per kind of read, so that
+    /// when they come (see `Registry::warm` for why), and changes nothing: the table's elements,
+    /// then the entries the elements point to. One loop per kind of read, so that
     /// the reads within a loop do not wait for each other. Returns a value read, for the caller
     /// to keep the loads from being optimized away.
     pub fn warm(&self, hashes: impl Iterator<Item = KeyHash>, found: &mut Vec<SlotId>) -> u64 {
@@ -1772,6 +1774,43 @@ fn event_of(kind: EventKind, entry: &Entry, ctx: &Ctx<'_>, now_ms: u64) -> Event
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fleet that registered and then only renews still finishes its key table's doubling
+    /// (or every lookup of a key not yet moved would probe two arrays for good).
+    #[test]
+    fn renewals_alone_finish_a_key_table_doubling() {
+        use crate::registry::{Heartbeat, Registry, RegistryConfig};
+        use crate::types::{Key, Ttl};
+        let registry = Registry::new(
+            RegistryConfig {
+                shards: 1,
+                ..RegistryConfig::default()
+            },
+            tokio::time::Instant::now(),
+        );
+        let beat = |i: usize| {
+            let heartbeat = Heartbeat {
+                key: Key::new(&format!("key-{i}")).unwrap(),
+                ttl: Ttl::from_secs(60).unwrap(),
+                service: None,
+                meta: None,
+            };
+            registry
+                .heartbeat(heartbeat, tokio::time::Instant::now())
+                .unwrap();
+        };
+        let is_growing = || registry.shards[0].0.lock().table.is_growing();
+        let mut n = 0;
+        while !is_growing() {
+            beat(n);
+            n += 1;
+        }
+        for _ in 0..64 {
+            beat(0);
+        }
+        assert!(!is_growing(), "the doubling begun at key {n} is done");
+        registry.check_invariants();
+    }
 
     #[test]
     fn an_entry_is_one_cache_line_including_the_inline_key() {

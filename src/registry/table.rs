@@ -28,14 +28,26 @@
 //! (every creation makes one) to about two lines. A removal shifts the rest of its run back
 //! into the hole (backward-shift deletion): no tombstones, so probes never lengthen with churn.
 //!
+//! A large table doubles *incrementally*, so that no operation stops the shard for long: the
+//! old array stays beside the new one, and each insert or removal moves the elements of the
+//! next [`MOVE_STEP`] old places across, in place order. Moving a shard's 600k elements at
+//! once held its lock ~9 ms at 10M keys (the longest creation while growing,
+//! `cargo bench --bench growth`), the largest stall left in growth. Meanwhile a lookup probes
+//! the new array, then the old; the old array takes no inserts, and a place whose element moved
+//! or was removed becomes a tombstone (a probe passes it, as it passed the element), so every
+//! element not yet moved stays on its probe. The move finishes long before the new array could
+//! fill: it starts at 3/8 of the new array's room and needs `old places / MOVE_STEP`
+//! operations, while the new array takes 3/8 more elements before it is at three quarters.
+//!
 //! Which bits do what, so that the choices do not follow each other: the registry picks a
 //! key's shard from bits 16.. of its hash; the tag is bits 32..64, and its low bits are the
 //! probe's start.
 //!
 //! Invariants (checked by [`KeyTable::check_invariants`], through the shard's check): the
-//! table holds exactly one element per live slot, tagged with the tag of that slot's key, and
-//! each is found by its own probe (no empty place between its home and it); it is at most
-//! three quarters full.
+//! table (both arrays while growing) holds exactly one element per live slot, tagged with the
+//! tag of that slot's key, and each is found by its own probe in its array (no empty place
+//! between its home and it, tombstones aside); the elements are at most three quarters of the
+//! new array's room; while growing, no old place before the move's cursor holds an element.
 
 use std::hash::BuildHasher;
 
@@ -73,13 +85,45 @@ impl KeyHash {
 /// An empty place; an element is never 0 because it stores its slot id plus one.
 const EMPTY: u64 = 0;
 
+/// A place of the old array whose element moved or was removed while the table grows: a probe
+/// goes on past it. Never an element: its slot half is 0, and an element's is a slot id plus 1.
+const TOMBSTONE: u64 = u64::MAX << 32;
+
 /// The smallest table, in elements: one cache line.
 const MIN_PLACES: usize = 8;
+
+/// From this many places up, the table doubles incrementally. Below, it moves every element
+/// at once: at most 0.5 ms (`cargo bench --bench growth`), and no old array is left over a
+/// registration that stops just after a doubling (at 100k keys over 16 shards, incremental
+/// from 4,096 places kept 0.5 MiB of old arrays, 3 % of the process's growth:
+/// `bench/memory_fleet.sh`). Small in the unit tests, so that their tables grow both ways.
+const INCREMENTAL_FROM: usize = if cfg!(test) { 16 } else { 1 << 14 };
+
+/// Old places whose elements each insert or removal moves while the table grows: two cache
+/// lines. At least 4/3 keeps the move ahead of the fill (see the module documentation);
+/// more ends the double probes sooner, fewer spreads the work thinner. Two in the unit tests,
+/// so that their operations interleave with a move in progress.
+const MOVE_STEP: usize = if cfg!(test) { 2 } else { 16 };
 
 /// An element: the tag in the high 32 bits, the slot id plus one in the low 32.
 fn element(tag: u32, slot: SlotId) -> u64 {
     debug_assert!(slot < SlotId::MAX, "slot ids stay below u32::MAX");
     (u64::from(tag) << 32) | u64::from(slot + 1)
+}
+
+/// The places of `places` a probe for `tag` visits, in order: from its home place on,
+/// wrapping (the caller stops at the first empty one; there always is one); none in an empty
+/// array.
+fn probe(places: &[u64], tag: u32) -> impl Iterator<Item = usize> {
+    let mask = places.len().wrapping_sub(1);
+    let home = tag as usize & mask;
+    (0..places.len()).map(move |step| (home + step) & mask)
+}
+
+/// The element (or tombstone) at `at`, unless the place is empty.
+fn occupied(places: &[u64], at: usize) -> Option<u64> {
+    let element = places[at];
+    (element != EMPTY).then_some(element)
 }
 
 fn tag_of(element: u64) -> u32 {
@@ -95,7 +139,15 @@ fn slot_of(element: u64) -> SlotId {
 pub(super) struct KeyTable {
     /// A power of two of places (or none before the first insert), [`EMPTY`] or an element.
     places: Vec<u64>,
+    /// Elements in `places`.
     len: usize,
+    /// While the table grows, the array before the doubling (empty otherwise): [`EMPTY`],
+    /// [`TOMBSTONE`] or an element not yet moved.
+    old: Vec<u64>,
+    /// Elements in `old`.
+    old_len: usize,
+    /// The next place of `old` to move.
+    cursor: usize,
 }
 
 impl KeyTable {
@@ -103,10 +155,16 @@ impl KeyTable {
     /// key stored in that slot's entry).
     pub fn find(&self, hash: KeyHash, mut is_key: impl FnMut(SlotId) -> bool) -> Option<SlotId> {
         let tag = hash.tag();
-        self.probe(tag)
-            .map_while(|at| self.occupied(at))
-            .find(|&element| tag_of(element) == tag && is_key(slot_of(element)))
-            .map(slot_of)
+        let mut is_wanted = |element: u64| tag_of(element) == tag && is_key(slot_of(element));
+        let found = probe(&self.places, tag)
+            .map_while(|at| occupied(&self.places, at))
+            .find(|&element| is_wanted(element));
+        let found = found.or_else(|| {
+            probe(&self.old, tag)
+                .map_while(|at| occupied(&self.old, at))
+                .find(|&element| element != TOMBSTONE && is_wanted(element))
+        });
+        found.map(slot_of)
     }
 
     /// The slot of the first element tagged like `hash`, found without reading any entry: the
@@ -118,7 +176,8 @@ impl KeyTable {
 
     /// Adds the key with `hash`, stored in `slot`; the caller knows it is not in the table.
     pub fn insert(&mut self, hash: KeyHash, slot: SlotId) {
-        if (self.len + 1) * 4 > self.places.len() * 3 {
+        self.move_step();
+        if (self.len + self.old_len + 1) * 4 > self.places.len() * 3 {
             self.grow();
         }
         self.place(element(hash.tag(), slot));
@@ -127,15 +186,24 @@ impl KeyTable {
 
     /// Takes out the element of `slot`, whose key has `hash`.
     pub fn remove(&mut self, hash: KeyHash, slot: SlotId) {
-        let wanted = element(hash.tag(), slot);
-        let found = self
-            .probe(hash.tag())
+        let tag = hash.tag();
+        let wanted = element(tag, slot);
+        let is_wanted = |places: &[u64], at: usize| places[at] == wanted;
+        if let Some(at) = probe(&self.places, tag)
             .take_while(|&at| self.places[at] != EMPTY)
-            .find(|&at| self.places[at] == wanted);
-        match found {
-            Some(at) => self.vacate(at),
-            None => debug_assert!(false, "slot {slot} is not in the key table"),
+            .find(|&at| is_wanted(&self.places, at))
+        {
+            self.vacate(at);
+        } else if let Some(at) = probe(&self.old, tag)
+            .take_while(|&at| self.old[at] != EMPTY)
+            .find(|&at| is_wanted(&self.old, at))
+        {
+            self.old[at] = TOMBSTONE;
+            self.old_len -= 1;
+        } else {
+            debug_assert!(false, "slot {slot} is not in the key table");
         }
+        self.move_step();
     }
 
     /// Takes out the elements of every `(hash, slot)` in `removals`, each in the table. One
@@ -145,20 +213,6 @@ impl KeyTable {
         for &(hash, slot) in removals {
             self.remove(hash, slot);
         }
-    }
-
-    /// The places a probe for `tag` visits, in order: from its home place on, wrapping (the
-    /// caller stops at the first empty one; there always is one).
-    fn probe(&self, tag: u32) -> impl Iterator<Item = usize> + '_ {
-        let mask = self.places.len().wrapping_sub(1);
-        let home = tag as usize & mask;
-        (0..self.places.len()).map(move |step| (home + step) & mask)
-    }
-
-    /// The element at `at`, unless the place is empty.
-    fn occupied(&self, at: usize) -> Option<u64> {
-        let element = self.places[at];
-        (element != EMPTY).then_some(element)
     }
 
     /// Puts `element` in the first empty place of its probe (there is room).
@@ -196,13 +250,57 @@ impl KeyTable {
         self.len -= 1;
     }
 
-    /// Doubles the places and puts every element back, from its tag alone.
+    /// Doubles the places. A small table puts every element back at once, from its tag alone;
+    /// a large one keeps its array as `old` for [`Self::move_step`] to empty.
     fn grow(&mut self) {
+        // Never two growths at once: the move is far ahead of the fill, but if it were not,
+        // this finishes it first.
+        while !self.old.is_empty() {
+            self.move_step();
+        }
         let places = (self.places.len() * 2).max(MIN_PLACES);
         let old = std::mem::replace(&mut self.places, vec![EMPTY; places]);
-        for element in old.into_iter().filter(|&element| element != EMPTY) {
-            self.place(element);
+        if old.len() < INCREMENTAL_FROM {
+            for element in old.into_iter().filter(|&element| element != EMPTY) {
+                self.place(element);
+            }
+        } else {
+            self.old = old;
+            self.old_len = std::mem::take(&mut self.len);
+            self.cursor = 0;
         }
+    }
+
+    /// While the table grows: moves the elements of the next [`MOVE_STEP`] old places to the
+    /// new array, leaving tombstones, and lets the old array go after its last place. Inserts
+    /// and removals call it, and so does the shard's every mutating lookup: a fleet that only
+    /// renews once it has registered must not keep probing two arrays.
+    pub fn move_step(&mut self) {
+        if self.old.is_empty() {
+            return;
+        }
+        let end = (self.cursor + MOVE_STEP).min(self.old.len());
+        for at in self.cursor..end {
+            let element = self.old[at];
+            if element != EMPTY && element != TOMBSTONE {
+                self.old[at] = TOMBSTONE;
+                self.place(element);
+                self.len += 1;
+                self.old_len -= 1;
+            }
+        }
+        self.cursor = end;
+        if self.cursor == self.old.len() {
+            debug_assert_eq!(self.old_len, 0, "every old element moved");
+            self.old = Vec::new();
+            self.cursor = 0;
+        }
+    }
+
+    /// Whether a doubling is moving elements still.
+    #[cfg(test)]
+    pub fn is_growing(&self) -> bool {
+        !self.old.is_empty()
     }
 
     /// Checks that the table holds exactly one element for each of the `n_live` slots, tagged
@@ -210,24 +308,41 @@ impl KeyTable {
     /// its own probe, and that the table is at most three quarters full. Panics naming the
     /// first difference. O(elements): for tests.
     pub fn check_invariants(&self, n_live: usize, hash_of: impl Fn(SlotId) -> Option<KeyHash>) {
-        let elements: Vec<u64> = self
-            .places
-            .iter()
-            .copied()
-            .filter(|&element| element != EMPTY)
-            .collect();
+        let is_element = |&element: &u64| element != EMPTY && element != TOMBSTONE;
+        let elements: Vec<u64> = self.places.iter().copied().filter(is_element).collect();
         assert_eq!(
             elements.len(),
             self.len,
             "key table elements against its count"
         );
-        assert_eq!(self.len, n_live, "key table elements against live slots");
         assert!(
-            self.len * 4 <= self.places.len() * 3,
+            !self.places.contains(&TOMBSTONE),
+            "a tombstone in the new array"
+        );
+        let old_elements: Vec<u64> = self.old.iter().copied().filter(is_element).collect();
+        assert_eq!(
+            old_elements.len(),
+            self.old_len,
+            "old array elements against its count"
+        );
+        assert!(
+            self.old[..self.cursor.min(self.old.len())]
+                .iter()
+                .all(|element| !is_element(element)),
+            "an element before the move's cursor"
+        );
+        assert!(
+            self.old.is_empty() || self.cursor < self.old.len(),
+            "an old array kept after its last place moved"
+        );
+        let total = self.len + self.old_len;
+        assert_eq!(total, n_live, "key table elements against live slots");
+        assert!(
+            total * 4 <= self.places.len() * 3,
             "key table over three quarters full"
         );
         let mut seen = std::collections::HashSet::with_capacity(n_live);
-        for element in elements {
+        for element in elements.into_iter().chain(old_elements) {
             let slot = slot_of(element);
             assert!(seen.insert(slot), "slot {slot} is in the key table twice");
             let hash =

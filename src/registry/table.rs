@@ -303,10 +303,12 @@ impl KeyTable {
         !self.old.is_empty()
     }
 
-    /// Checks that the table holds exactly one element for each of the `n_live` slots, tagged
-    /// with its key's hash (`hash_of(slot)`, `None` for a slot that is not live), each found by
-    /// its own probe, and that the table is at most three quarters full. Panics naming the
-    /// first difference. O(elements): for tests.
+    /// Checks that the table (both arrays while it grows) holds exactly one element for each
+    /// of the `n_live` slots, tagged with its key's hash (`hash_of(slot)`, `None` for a slot
+    /// that is not live), each found by its own probe; that the elements are at most three
+    /// quarters of the new array's room; and, while growing, that the counts of both arrays
+    /// hold and no old place before the cursor keeps an element. Panics naming the first
+    /// difference. O(elements): for tests.
     pub fn check_invariants(&self, n_live: usize, hash_of: impl Fn(SlotId) -> Option<KeyHash>) {
         let is_element = |&element: &u64| element != EMPTY && element != TOMBSTONE;
         let elements: Vec<u64> = self.places.iter().copied().filter(is_element).collect();

@@ -29,15 +29,17 @@
 //! into the hole (backward-shift deletion): no tombstones, so probes never lengthen with churn.
 //!
 //! A large table doubles *incrementally*, so that no operation stops the shard for long: the
-//! old array stays beside the new one, and each insert or removal moves the elements of the
-//! next [`MOVE_STEP`] old places across, in place order. Moving a shard's 600k elements at
+//! old array stays beside the new one, and each insert, removal or mutating lookup (the
+//! shard's `find_alive`) moves the elements of the next [`MOVE_STEP`] old places across, in
+//! place order. Moving a shard's 600k elements at
 //! once held its lock ~9 ms at 10M keys (the longest creation while growing,
 //! `cargo bench --bench growth`), the largest stall left in growth. Meanwhile a lookup probes
 //! the new array, then the old; the old array takes no inserts, and a place whose element moved
 //! or was removed becomes a tombstone (a probe passes it, as it passed the element), so every
 //! element not yet moved stays on its probe. The move finishes long before the new array could
 //! fill: it starts at 3/8 of the new array's room and needs `old places / MOVE_STEP`
-//! operations, while the new array takes 3/8 more elements before it is at three quarters.
+//! operations, while the new array takes 3/8 more elements (`old places * 3/4` inserts)
+//! before it is at three quarters.
 //!
 //! Which bits do what, so that the choices do not follow each other: the registry picks a
 //! key's shard from bits 16.. of its hash; the tag is bits 32..64, and its low bits are the

@@ -39,7 +39,7 @@ pub mod model;
 pub mod sse;
 mod transport;
 
-pub use client::{Client, ClientBuilder, Tls, DEFAULT_ENDPOINT};
+pub use client::{Client, ClientBuilder, Tls, DEFAULT_ENDPOINT, DEFAULT_POOL_IDLE_TIMEOUT};
 pub use error::{Code, Error};
 pub use keep_alive::{KeepAlive, KeepAliveHandle, Liveness, Loss, Status};
 pub use model::{

@@ -139,7 +139,10 @@ impl Peers {
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
             .tcp_nodelay(true)
-            .pool_idle_timeout(Duration::from_secs(60))
+            // Below a peer's header-read timeout (30 s by default), which closes a kept-alive
+            // connection idle that long: an RPC sent on a connection as the peer closes it
+            // fails (see the client crate's `DEFAULT_POOL_IDLE_TIMEOUT`).
+            .pool_idle_timeout(Duration::from_secs(20))
             .user_agent(concat!("ttlwheel-peer/", env!("CARGO_PKG_VERSION")))
             .build()?;
         Ok(Self {

@@ -672,3 +672,34 @@ async fn the_event_stream_moves_to_the_next_endpoint_when_its_server_dies() {
         "{seen:?}"
     );
 }
+
+/// A pool that lets an idle connection go before the server closes it never sends a request
+/// on a connection the server is closing. The server closes a kept-alive connection idle for
+/// its `--header-read-timeout` (here 100 ms); requests sent after idle gaps swept across that
+/// instant all succeed at the first attempt (no retry allowed) when the client keeps idle
+/// connections 50 ms. With reqwest's default pool (90 s) the same sweep, measured with a
+/// throwaway program against a 200 ms timeout, failed 10 requests of 400 (`IncompleteMessage`
+/// or a reset): what `DEFAULT_POOL_IDLE_TIMEOUT` (20 s, under the server's 30 s) prevents.
+#[tokio::test]
+async fn a_pool_that_lets_idle_connections_go_first_never_sends_on_a_closing_one() {
+    let server = Server::start(
+        &temp_data_dir("client-pool-idle"),
+        &["--ephemeral", "--header-read-timeout", "100ms"],
+    );
+    server.ready().await;
+    let client = Client::builder()
+        .endpoint(&server.base)
+        .pool_idle_timeout(Duration::from_millis(50))
+        .max_attempts(1)
+        .build()
+        .expect("a valid client");
+    let heartbeat = Heartbeat::new("pool/1", Duration::from_secs(30));
+    for step in 0..100u64 {
+        // Idle gaps from 95 to 104.9 ms, across the server's close at 100 ms.
+        tokio::time::sleep(Duration::from_micros(95_000 + step * 100)).await;
+        client
+            .heartbeat(&heartbeat)
+            .await
+            .unwrap_or_else(|error| panic!("request {step} failed: {error}"));
+    }
+}

@@ -141,8 +141,8 @@ impl Peers {
             .tcp_nodelay(true)
             // Below a peer's header-read timeout (30 s by default), which closes a kept-alive
             // connection idle that long: an RPC sent on a connection as the peer closes it
-            // fails (see the client crate's `DEFAULT_POOL_IDLE_TIMEOUT`).
-            .pool_idle_timeout(Duration::from_secs(20))
+            // fails. The client crate's rule, shared.
+            .pool_idle_timeout(ttlwheel_client::DEFAULT_POOL_IDLE_TIMEOUT)
             .user_agent(concat!("ttlwheel-peer/", env!("CARGO_PKG_VERSION")))
             .build()?;
         Ok(Self {

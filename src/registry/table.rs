@@ -128,6 +128,13 @@ fn occupied(places: &[u64], at: usize) -> Option<u64> {
     (element != EMPTY).then_some(element)
 }
 
+/// Where `element` is in `places`, found by its probe.
+fn place_of(places: &[u64], element: u64) -> Option<usize> {
+    probe(places, tag_of(element))
+        .take_while(|&at| places[at] != EMPTY)
+        .find(|&at| places[at] == element)
+}
+
 fn tag_of(element: u64) -> u32 {
     (element >> 32) as u32
 }
@@ -188,18 +195,10 @@ impl KeyTable {
 
     /// Takes out the element of `slot`, whose key has `hash`.
     pub fn remove(&mut self, hash: KeyHash, slot: SlotId) {
-        let tag = hash.tag();
-        let wanted = element(tag, slot);
-        let is_wanted = |places: &[u64], at: usize| places[at] == wanted;
-        if let Some(at) = probe(&self.places, tag)
-            .take_while(|&at| self.places[at] != EMPTY)
-            .find(|&at| is_wanted(&self.places, at))
-        {
+        let wanted = element(hash.tag(), slot);
+        if let Some(at) = place_of(&self.places, wanted) {
             self.vacate(at);
-        } else if let Some(at) = probe(&self.old, tag)
-            .take_while(|&at| self.old[at] != EMPTY)
-            .find(|&at| is_wanted(&self.old, at))
-        {
+        } else if let Some(at) = place_of(&self.old, wanted) {
             self.old[at] = TOMBSTONE;
             self.old_len -= 1;
         } else {

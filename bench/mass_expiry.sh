@@ -14,6 +14,7 @@
 # - the expiry lateness's p99 and max, as the histogram's bucket bounds.
 #
 # Usage: bash bench/mass_expiry.sh     KEYS=1000000 TTL=8s ROUNDS=2 SERVER=<binary>
+#        MODES="persistence ephemeral" (either or both) SERVER_ARGS="<more server flags>"
 # The server binds 127.0.0.1 only and is stopped by PID. Results: target/bench-mass-expiry/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -61,7 +62,8 @@ PY
 run() { # label, then server flags
   local label=$1
   shift
-  serve --expiry-guard off "$@"
+  # shellcheck disable=SC2086
+  serve --expiry-guard off "$@" ${SERVER_ARGS:-}
   "$LOAD" --target "$TARGET" batch --prefix mx- --keys "$KEYS" --connections 4 --batch 1000 \
     --ttl "$TTL" --duration 0s --warmup 0s >"$OUT/register-$label.log" 2>&1
   scrape "$OUT/before.txt"
@@ -104,6 +106,11 @@ run() { # label, then server flags
 
 : >"$OUT/results.txt"
 for round in $(seq "$ROUNDS"); do
-  run "persistence-$round" --data-dir "$OUT/data"
-  run "ephemeral-$round" --ephemeral
+  for mode in ${MODES:-persistence ephemeral}; do
+    case $mode in
+      persistence) run "persistence-$round" --data-dir "$OUT/data" ;;
+      ephemeral) run "ephemeral-$round" --ephemeral ;;
+      *) echo "unknown mode $mode (persistence, ephemeral)" >&2; exit 2 ;;
+    esac
+  done
 done

@@ -4,19 +4,30 @@
 //!
 //! Its cost lands in a mass expiry, where every key that leaves is recorded and, once the count
 //! bound is reached, another is dropped: a million keys expiring at once are a million records
-//! and nearly as many drops. So a record is one append to a queue (the key moved in from its
-//! entry, not copied) and one 8-byte element in a table that finds a key's current record; a
-//! drop is a pop and a removal found by the record's number. Neither hashes the key again nor
-//! allocates: the table is probed with the tag of the hash the shard already computed
-//! (`table::KeyHash`), as the shard's key table is, and it compares a key only to find one.
+//! and nearly as many drops, of which only the last `--expired-max` stay. So a record is one
+//! append to a queue (the key moved in from its entry, not copied), and nothing else: the
+//! table that finds a key's current record is brought up to date only when something reads the
+//! log ([`ExpiredLog::catch_up`]), so a record dropped before any read never touches it. Each
+//! table insertion and removal is a cache miss (the element's line, at a random place); in a
+//! mass expiry they were most of the log's cost. A read after a mass expiry indexes what is
+//! left, at most the count bound, once; a record is indexed at most once, so steady churn (a
+//! registration reads the log: it takes the key's record off the list) costs what it did.
+//! Nothing hashes the key again or allocates: the table is probed with the tag of the hash the
+//! shard already computed (`table::KeyHash`), as the shard's key table is, and it compares a
+//! key only to find one.
 //!
 //! Invariants (checked by [`ExpiredLog::check_invariants`], through the shard's check):
 //! - the queue is in expiry order, and at most the count bound long;
-//! - each key has at most one *current* record, and the table holds exactly one element per
-//!   current record, tagged with its key's tag; the queue's other records are superseded (the
-//!   key expired again or was registered since) and are skipped until they reach the front;
+//! - its first `indexed` records are *indexed*: each key has at most one current record among
+//!   them, and the table holds exactly one element per such current record, tagged with its
+//!   key's tag; their other records are superseded (the key expired again or was registered
+//!   since) and are skipped until they reach the front;
+//! - the records after them (the *tail*, appended since the last catch-up) are all marked
+//!   current and none is in the table; a catch-up supersedes, in queue order, each key's
+//!   earlier record, so a key's current record is its last one;
 //! - no current record names a key that is alive;
-//! - the per-service counts are those of the current records.
+//! - the per-service counts are those of the records marked current (a key expired twice since
+//!   the last catch-up counts twice until then: readers of the counts catch up first).
 
 use std::collections::{HashMap, VecDeque};
 
@@ -51,11 +62,12 @@ pub struct ExpiredRecord {
 }
 
 /// A record in the queue.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Logged {
     key: Key,
     tag: u32,
     /// False once the key expired again or was registered: the table no longer points here.
+    /// Always true in the tail (see the module documentation).
     current: bool,
     record: ExpiredRecord,
 }
@@ -70,12 +82,14 @@ struct Indexed {
 }
 
 /// See the module documentation.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(super) struct ExpiredLog {
     /// Oldest first; `queue[i]` has the number `first_seq + i`.
     queue: VecDeque<Logged>,
     first_seq: u32,
-    /// One element per current record.
+    /// How many records at the front of the queue the table covers; the rest is the tail.
+    indexed: usize,
+    /// One element per current indexed record.
     current: HashTable<Indexed>,
     retention_ms: u64,
     max_len: usize,
@@ -88,6 +102,7 @@ impl ExpiredLog {
         Self {
             queue: VecDeque::new(),
             first_seq: 0,
+            indexed: 0,
             current: HashTable::new(),
             retention_ms,
             max_len,
@@ -95,41 +110,63 @@ impl ExpiredLog {
         }
     }
 
-    /// Records that `key` (whose hash is `hash`) expired; it replaces the key's earlier record.
+    /// Records that `key` (whose hash is `hash`) expired; it replaces the key's earlier record
+    /// (at the next catch-up).
     pub fn record(&mut self, key: Key, hash: KeyHash, record: ExpiredRecord) {
         if self.max_len == 0 {
             return;
         }
-        self.forget(&key, hash);
         if self.queue.len() >= self.max_len {
             self.drop_oldest();
         }
         self.make_room();
         let expired_ms = record.expired_unix_ms;
-        let tag = hash.tag();
-        let seq = self.first_seq.wrapping_add(self.queue.len() as u32);
         *self.by_service.entry(record.service).or_default() += 1;
-        self.current
-            .insert_unique(table_hash(tag), Indexed { tag, seq }, |element| {
-                table_hash(element.tag)
-            });
         self.queue.push_back(Logged {
             key,
-            tag,
+            tag: hash.tag(),
             current: true,
             record,
         });
         self.prune(expired_ms);
     }
 
+    /// Indexes the tail: in queue order, each record supersedes its key's current record and
+    /// takes its place in the table. Every reader calls it first.
+    pub fn catch_up(&mut self) {
+        let first_seq = self.first_seq;
+        for at in self.indexed..self.queue.len() {
+            let tag = self.queue[at].tag;
+            let queue = &self.queue;
+            let earlier = self.current.find_entry(table_hash(tag), |element| {
+                element.tag == tag && queue[position(element.seq, first_seq)].key == queue[at].key
+            });
+            if let Ok(element) = earlier {
+                let (Indexed { seq, .. }, _) = element.remove();
+                let superseded = &mut self.queue[position(seq, first_seq)];
+                superseded.current = false;
+                let service = superseded.record.service;
+                self.uncount(service);
+            }
+            let seq = first_seq.wrapping_add(at as u32);
+            self.current
+                .insert_unique(table_hash(tag), Indexed { tag, seq }, |element| {
+                    table_hash(element.tag)
+                });
+        }
+        self.indexed = self.queue.len();
+    }
+
     /// The current record of `key`, if it is listed.
-    pub fn get(&self, key: &Key, hash: KeyHash) -> Option<&ExpiredRecord> {
+    pub fn get(&mut self, key: &Key, hash: KeyHash) -> Option<&ExpiredRecord> {
+        self.catch_up();
         let logged = self.find(key, hash)?;
         Some(&self.queue[logged].record)
     }
 
     /// Every current record, oldest first.
-    pub fn records(&self) -> impl Iterator<Item = (&Key, &ExpiredRecord)> {
+    pub fn records(&mut self) -> impl Iterator<Item = (&Key, &ExpiredRecord)> {
+        self.catch_up();
         self.queue
             .iter()
             .filter(|logged| logged.current)
@@ -138,6 +175,7 @@ impl ExpiredLog {
 
     /// Forgets `key`'s record, if any (it was registered again, or expired again).
     pub fn forget(&mut self, key: &Key, hash: KeyHash) {
+        self.catch_up();
         if self.current.is_empty() {
             return; // the common case for a registration: nothing to probe
         }
@@ -159,6 +197,7 @@ impl ExpiredLog {
     pub fn clear(&mut self) {
         self.first_seq = self.first_seq.wrapping_add(self.queue.len() as u32);
         self.queue.clear();
+        self.indexed = 0;
         self.current.clear();
         self.by_service.clear();
     }
@@ -179,13 +218,17 @@ impl ExpiredLog {
         }
     }
 
-    /// Drops the oldest record (there is one).
+    /// Drops the oldest record (there is one). One of the tail was never in the table.
     fn drop_oldest(&mut self) {
         let dropped = self.queue.pop_front().expect("front exists");
         let seq = self.first_seq;
         self.first_seq = seq.wrapping_add(1);
+        let was_indexed = self.indexed > 0;
+        self.indexed = self.indexed.saturating_sub(1);
         if dropped.current {
-            self.uncurrent(dropped.tag, seq);
+            if was_indexed {
+                self.uncurrent(dropped.tag, seq);
+            }
             self.uncount(dropped.record.service);
         }
     }
@@ -207,14 +250,15 @@ impl ExpiredLog {
     }
 
     /// Current records per service, for every service that has some.
-    pub fn counts(&self) -> impl Iterator<Item = (ServiceId, u32)> + '_ {
+    pub fn counts(&mut self) -> impl Iterator<Item = (ServiceId, u32)> + '_ {
+        self.catch_up();
         self.by_service
             .iter()
             .map(|(&service, &count)| (service, count))
     }
 
     /// The first `limit` current records matching `filter`, in key order.
-    pub fn page(&self, filter: &ListFilter, limit: usize) -> Vec<(&Key, &ExpiredRecord)> {
+    pub fn page(&mut self, filter: &ListFilter, limit: usize) -> Vec<(&Key, &ExpiredRecord)> {
         let after = filter.after.as_deref();
         let prefix = filter.prefix.as_deref().unwrap_or("");
         let mut matching: Vec<(&Key, &ExpiredRecord)> = self
@@ -256,38 +300,55 @@ impl ExpiredLog {
                 .all(|(a, b)| a.record.expired_unix_ms <= b.record.expired_unix_ms),
             "the expired log's queue is out of expiry order"
         );
+        assert!(self.indexed <= self.queue.len(), "indexed past the queue");
         let mut counts: HashMap<ServiceId, u32> = HashMap::new();
         let mut current_keys = std::collections::HashSet::new();
-        for logged in self.queue.iter().filter(|logged| logged.current) {
+        for (at, logged) in self.queue.iter().enumerate() {
             let key = &logged.key;
-            assert!(!is_alive(key), "{key} is both alive and listed as expired");
-            assert!(current_keys.insert(key), "{key} has two current records");
             assert_eq!(
                 logged.tag,
                 hash_of(key).tag(),
                 "{key}'s record has a wrong tag"
             );
+            if at >= self.indexed {
+                assert!(logged.current, "a record of the tail is marked superseded");
+            }
+            if !logged.current {
+                continue;
+            }
+            assert!(!is_alive(key), "{key} is both alive and listed as expired");
+            *counts.entry(logged.record.service).or_default() += 1;
+            if at >= self.indexed {
+                continue;
+            }
+            assert!(current_keys.insert(key), "{key} has two current records");
             assert_eq!(
-                self.find(key, hash_of(key)).map(|at| &self.queue[at].key),
-                Some(key),
+                self.find(key, hash_of(key)),
+                Some(at),
                 "{key}'s current record is not found through the table"
             );
-            *counts.entry(logged.record.service).or_default() += 1;
         }
         assert_eq!(
             self.current.len(),
             current_keys.len(),
-            "table elements against current records"
+            "table elements against current indexed records"
         );
         for element in &self.current {
             let at = position(element.seq, self.first_seq);
-            assert!(at < self.queue.len(), "a table element past the queue");
+            assert!(
+                at < self.indexed,
+                "a table element past the indexed records"
+            );
             assert!(
                 self.queue[at].current,
                 "a table element names a superseded record"
             );
         }
-        let kept: HashMap<ServiceId, u32> = self.counts().collect();
+        let kept: HashMap<ServiceId, u32> = self
+            .by_service
+            .iter()
+            .map(|(&service, &count)| (service, count))
+            .collect();
         assert_eq!(kept, counts, "the expired log's per-service counts");
     }
 
@@ -342,7 +403,7 @@ mod tests {
         }
     }
 
-    fn listed(log: &ExpiredLog) -> Vec<String> {
+    fn listed(log: &mut ExpiredLog) -> Vec<String> {
         log.page(&ListFilter::default(), 10)
             .into_iter()
             .map(|(key, _)| key.to_string())
@@ -362,12 +423,12 @@ mod tests {
             let (key, hash) = key(text);
             log.record(key, hash, record(at));
         }
-        assert_eq!(listed(&log), ["b", "c"], "count bound drops the oldest");
+        assert_eq!(listed(&mut log), ["b", "c"], "count bound drops the oldest");
         log.prune(1_020);
-        assert_eq!(listed(&log), ["c"], "b is 1 s old at 1020");
+        assert_eq!(listed(&mut log), ["c"], "b is 1 s old at 1020");
         let (c, c_hash) = key("c");
         log.forget(&c, c_hash);
-        assert_eq!(listed(&log), Vec::<String>::new());
+        assert_eq!(listed(&mut log), Vec::<String>::new());
         assert_eq!(log.counts().count(), 0);
         log.check_invariants(|_| false, |key| KeyHash::of(&hasher, key));
     }
@@ -389,13 +450,43 @@ mod tests {
         log.check_invariants(|_| false, |key| KeyHash::of(&hasher, key));
     }
 
+    /// A mass expiry through a full log touches no table: of 1,000 records past a bound of
+    /// 100, the 900 dropped were never indexed, and the first read indexes the 100 left, once.
+    /// They name 50 keys twice each, so the read also supersedes each key's first record.
+    #[test]
+    fn records_dropped_before_any_read_are_never_indexed() {
+        let hasher = foldhash::fast::RandomState::default();
+        let mut log = ExpiredLog::new(u64::MAX, 100);
+        for n in 0..1_000 {
+            let key = Key::new(&format!("k{}", n % 50)).unwrap();
+            let hash = KeyHash::of(&hasher, &key);
+            log.record(key, hash, record(n));
+        }
+        assert_eq!((log.indexed, log.current.len()), (0, 0));
+        log.check_invariants(|_| false, |key| KeyHash::of(&hasher, key));
+        assert_eq!(log.records().count(), 50);
+        assert_eq!((log.indexed, log.current.len()), (100, 50));
+        assert_eq!(log.counts().collect::<Vec<_>>(), [(ServiceId::NONE, 50)]);
+        log.check_invariants(|_| false, |key| KeyHash::of(&hasher, key));
+    }
+
     /// An operation on the log: on key `k{n}`, at a time `t` ms after the previous one.
     #[derive(Clone, Debug)]
     enum Op {
-        Record { key: u8, service: u8, dt: u16 },
-        Forget { key: u8 },
-        Prune { dt: u16 },
+        Record {
+            key: u8,
+            service: u8,
+            dt: u16,
+        },
+        Forget {
+            key: u8,
+        },
+        Prune {
+            dt: u16,
+        },
         Clear,
+        /// Reads the whole log (which catches it up) and compares it with the model.
+        Read,
     }
 
     fn op() -> impl proptest::strategy::Strategy<Value = Op> {
@@ -405,6 +496,7 @@ mod tests {
             3 => (0..12u8).prop_map(|key| Op::Forget { key }),
             2 => (0..400u16).prop_map(|dt| Op::Prune { dt }),
             1 => Just(Op::Clear),
+            2 => Just(Op::Read),
         ]
     }
 
@@ -413,7 +505,9 @@ mod tests {
         /// record's number, and a queue of (time, key, number) in expiry order, where a queued
         /// expiry that is not its key's current record is skipped when it is dropped. (The
         /// design this replaced matched by time, not number, so a key that expired twice in one
-        /// millisecond lost its record when the first of the two was dropped.) Short keys share tags often enough
+        /// millisecond lost its record when the first of the two was dropped.) The log is read
+        /// (and so caught up) only at `Read` operations and at the end, so records are appended,
+        /// superseded and dropped in the tail, unindexed, between reads. Short keys share tags often enough
         /// through a hasher that keeps only 2 bits of tag (see `colliding`), so the tag
         /// comparison's fallback to the key is exercised too.
         #[test]
@@ -460,6 +554,7 @@ mod tests {
                         model_map.clear();
                         model_queue.clear();
                     }
+                    Op::Read => {}
                 }
                 log.prune(now);
                 while let Some((at, _, _)) = model_queue.front() {
@@ -472,33 +567,52 @@ mod tests {
                     }
                 }
                 log.check_invariants(|_| false, hash_of);
-                let mut listed: Vec<(String, u64)> = log
-                    .records()
-                    .map(|(key, record)| (key.to_string(), record.expired_unix_ms))
-                    .collect();
-                listed.sort();
-                let mut expected: Vec<(String, u64)> = model_map
-                    .iter()
-                    .map(|(key, (record, _))| (key.to_string(), record.expired_unix_ms))
-                    .collect();
-                expected.sort();
-                proptest::prop_assert_eq!(&listed, &expected);
-                for n in 0..12 {
-                    let key = Key::new(&format!("k{n}")).unwrap();
-                    let got = log.get(&key, hash_of(&key)).map(|record| record.expired_unix_ms);
-                    let want = model_map.get(&key).map(|(record, _)| record.expired_unix_ms);
-                    proptest::prop_assert_eq!(got, want, "get({})", key);
+                if matches!(op, Op::Read) {
+                    reads_as_the_model_does(&mut log, &model_map, hash_of)?;
+                    log.check_invariants(|_| false, hash_of);
                 }
-                let mut counts: Vec<(ServiceId, u32)> = log.counts().collect();
-                counts.sort_by_key(|(service, _)| service.index());
-                let mut want: HashMap<ServiceId, u32> = HashMap::new();
-                for (record, _) in model_map.values() {
-                    *want.entry(record.service).or_default() += 1;
-                }
-                let mut want: Vec<(ServiceId, u32)> = want.into_iter().collect();
-                want.sort_by_key(|(service, _)| service.index());
-                proptest::prop_assert_eq!(counts, want);
             }
+            reads_as_the_model_does(&mut log, &model_map, hash_of)?;
+            log.check_invariants(|_| false, hash_of);
         }
+    }
+
+    /// Compares what the log lists, finds and counts with the model's map of current records.
+    fn reads_as_the_model_does(
+        log: &mut ExpiredLog,
+        model_map: &HashMap<Key, (ExpiredRecord, usize)>,
+        hash_of: impl Fn(&Key) -> KeyHash,
+    ) -> Result<(), proptest::test_runner::TestCaseError> {
+        let mut listed: Vec<(String, u64)> = log
+            .records()
+            .map(|(key, record)| (key.to_string(), record.expired_unix_ms))
+            .collect();
+        listed.sort();
+        let mut expected: Vec<(String, u64)> = model_map
+            .iter()
+            .map(|(key, (record, _))| (key.to_string(), record.expired_unix_ms))
+            .collect();
+        expected.sort();
+        proptest::prop_assert_eq!(&listed, &expected);
+        for n in 0..12 {
+            let key = Key::new(&format!("k{n}")).unwrap();
+            let got = log
+                .get(&key, hash_of(&key))
+                .map(|record| record.expired_unix_ms);
+            let want = model_map
+                .get(&key)
+                .map(|(record, _)| record.expired_unix_ms);
+            proptest::prop_assert_eq!(got, want, "get({})", key);
+        }
+        let mut counts: Vec<(ServiceId, u32)> = log.counts().collect();
+        counts.sort_by_key(|(service, _)| service.index());
+        let mut want: HashMap<ServiceId, u32> = HashMap::new();
+        for (record, _) in model_map.values() {
+            *want.entry(record.service).or_default() += 1;
+        }
+        let mut want: Vec<(ServiceId, u32)> = want.into_iter().collect();
+        want.sort_by_key(|(service, _)| service.index());
+        proptest::prop_assert_eq!(counts, want);
+        Ok(())
     }
 }

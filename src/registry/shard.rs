@@ -950,7 +950,7 @@ impl Shard {
     }
 
     /// Up to `limit` recently expired keys matching `filter`, in key order.
-    pub fn list_expired(&self, filter: &ListFilter, limit: usize) -> Vec<(Key, ExpiredRecord)> {
+    pub fn list_expired(&mut self, filter: &ListFilter, limit: usize) -> Vec<(Key, ExpiredRecord)> {
         let page = self.expired.page(filter, limit);
         page.into_iter()
             .map(|(key, record)| (key.clone(), record.clone()))
@@ -959,7 +959,7 @@ impl Shard {
 
     /// Adds this shard's alive and listed-expired counts, by service index, to `alive` and
     /// `expired` (grown as needed).
-    pub fn add_counts(&self, alive: &mut Vec<u64>, expired: &mut Vec<u64>) {
+    pub fn add_counts(&mut self, alive: &mut Vec<u64>, expired: &mut Vec<u64>) {
         if alive.len() < self.alive_by_service.len() {
             alive.resize(self.alive_by_service.len(), 0);
         }
@@ -1102,7 +1102,7 @@ impl Shard {
     }
 
     /// The records of this shard's expired list (bounded by `--expired-max`, so one call).
-    pub fn expired_records(&self, ctx: &Ctx<'_>) -> Vec<Record> {
+    pub fn expired_records(&mut self, ctx: &Ctx<'_>) -> Vec<Record> {
         self.expired
             .records()
             .map(|(key, record)| {

@@ -137,17 +137,7 @@ impl ExpiredLog {
         let first_seq = self.first_seq;
         for at in self.indexed..self.queue.len() {
             let tag = self.queue[at].tag;
-            let queue = &self.queue;
-            let earlier = self.current.find_entry(table_hash(tag), |element| {
-                element.tag == tag && queue[position(element.seq, first_seq)].key == queue[at].key
-            });
-            if let Ok(element) = earlier {
-                let (Indexed { seq, .. }, _) = element.remove();
-                let superseded = &mut self.queue[position(seq, first_seq)];
-                superseded.current = false;
-                let service = superseded.record.service;
-                self.uncount(service);
-            }
+            self.supersede(tag, |queue, logged| logged.key == queue[at].key);
             let seq = first_seq.wrapping_add(at as u32);
             self.current
                 .insert_unique(table_hash(tag), Indexed { tag, seq }, |element| {
@@ -179,18 +169,25 @@ impl ExpiredLog {
         if self.current.is_empty() {
             return; // the common case for a registration: nothing to probe
         }
-        let tag = hash.tag();
+        self.supersede(hash.tag(), |_, logged| logged.key == *key);
+    }
+
+    /// Takes out of the table the element of the current indexed record whose key has `tag`
+    /// and for which `is_key` (given the queue and the record) holds, if any, and marks that
+    /// record superseded.
+    fn supersede(&mut self, tag: u32, is_key: impl Fn(&VecDeque<Logged>, &Logged) -> bool) {
         let (queue, first_seq) = (&self.queue, self.first_seq);
         let found = self.current.find_entry(table_hash(tag), |element| {
-            element.tag == tag && queue[position(element.seq, first_seq)].key == *key
+            element.tag == tag && is_key(queue, &queue[position(element.seq, first_seq)])
         });
-        if let Ok(element) = found {
-            let (Indexed { seq, .. }, _) = element.remove();
-            let logged = &mut self.queue[position(seq, first_seq)];
-            logged.current = false;
-            let service = logged.record.service;
-            self.uncount(service);
-        }
+        let Ok(element) = found else {
+            return;
+        };
+        let (Indexed { seq, .. }, _) = element.remove();
+        let logged = &mut self.queue[position(seq, first_seq)];
+        logged.current = false;
+        let service = logged.record.service;
+        self.uncount(service);
     }
 
     /// Forgets every record (a Raft snapshot replaces the whole state, `Registry::clear`).

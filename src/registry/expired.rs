@@ -1,6 +1,7 @@
-//! One shard's log of recently expired keys: what `GET /v1/expired` lists, what a heartbeat on
-//! a just-expired key is told about, and what a snapshot keeps. Bounded by a retention time and
-//! a count (`--expired-retention`, `--expired-max` shared out over the shards).
+//! One shard's log of recently expired keys: what `GET /v1/keys?state=expired` lists, what the
+//! services overview and `/metrics` count as expired, and what a snapshot keeps; a key that is
+//! registered again leaves it. Bounded by a retention time and a count (`--expired-retention`,
+//! `--expired-max` shared out over the shards).
 //!
 //! Its cost lands in a mass expiry, where every key that leaves is recorded and, once the count
 //! bound is reached, another is dropped: a million keys expiring at once are a million records and

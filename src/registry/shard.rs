@@ -332,6 +332,11 @@ pub(super) struct Shard {
     /// are held in `slots` until then. See [`UNLIST_IN_ONE_PASS`].
     unlisted_later: SlotSet,
     unlisted_services: Vec<ServiceId>,
+    /// The tick whose last second had a search (a registration, a page, a change of service)
+    /// pass the keys waiting for the listing, so pay a pass for them: for the rest of that
+    /// second, steps no longer leave the listing to a pass for being part of a mass expiry
+    /// (see [`UNLIST_MASS_EXPIRY`]).
+    searched_in_second: Option<Tick>,
     /// Between [`Shard::begin_mass_removal`] and its end: the key table's removals wait in
     /// `table_removals`.
     removing_in_bulk: bool,
@@ -353,6 +358,18 @@ const UNLIST_IN_ONE_PASS: usize = 512;
 
 /// See [`UNLIST_IN_ONE_PASS`].
 const UNLIST_BATCH: usize = 8;
+
+/// A step of an expiry that removes at least 1/`UNLIST_MASS_EXPIRY` of a shard's keys in all
+/// (the keys of the second being expired, of which a ticker on time takes a millisecond's
+/// share per step) leaves the listing to the pass too, however few the step takes itself:
+/// searching for each key was a third of a 1M-key expiry spread over its second
+/// (`evict/1M/one-tick/spread-on-time`, BENCHMARKS.md). Not at 1/`UNLIST_IN_ONE_PASS`: a
+/// fleet whose keys expire and register steadily would then defer every expiry, and each
+/// registration (which must search the listing) would pay a pass for the few keys waiting.
+/// For the same reason a second in which a search paid a pass goes back to the steps' own
+/// sizes for the rest of it: passes forced by searches cost at most one per second more than
+/// searching for each key.
+const UNLIST_MASS_EXPIRY: usize = 64;
 
 impl Shard {
     pub fn new(ctx: &Ctx<'_>, expired_max: usize) -> Self {
@@ -379,6 +396,7 @@ impl Shard {
             ordered: ctx.config.listing.then(OrderedIndex::default),
             listing_deferred: false,
             unlisting_in_bulk: false,
+            searched_in_second: None,
             unlisted_later: SlotSet::default(),
             unlisted_services: Vec::new(),
             removing_in_bulk: false,
@@ -651,7 +669,8 @@ impl Shard {
         let mut n_expired = 0;
         // A sweeper that reaches the tick after its second expires each key it hands over.
         let late = tick_end_ms <= now_ms;
-        self.begin_mass_removal(if late { slots.len() } else { 0 }, ctx);
+        let removals = if late { slots.len() } else { 0 };
+        self.begin_mass_removal(removals, removals, ctx);
         for (pos, &slot) in (first_pos..).zip(slots) {
             let current = self.slots.get(slot).filter(|entry| {
                 entry.timer.get()
@@ -695,7 +714,15 @@ impl Shard {
         let tick = self.last.tick();
         let mut due = std::mem::take(&mut self.scratch);
         let handled = self.last.take_due(now_ms, max, &mut due);
-        self.begin_mass_removal(due.len(), ctx);
+        // The listing's choice looks at the whole second's keys, not this step's: a mass
+        // expiry's keys fall due over the second, and a ticker on time takes a millisecond's
+        // share each step, too few each for a pass but not in all.
+        let coming = if self.searched_in_second == Some(tick) {
+            due.len()
+        } else {
+            due.len() + self.last.len()
+        };
+        self.begin_mass_removal(due.len(), coming, ctx);
         let mut n_expired = 0;
         for &slot in &due {
             let current = self
@@ -718,9 +745,11 @@ impl Shard {
 
     /// Before a sweep step (of the wheel's last second, of a late tick, of the heap, or of a
     /// guard's release) lets up to `removals` keys leave at once (until
-    /// [`Shard::finish_mass_removal`], in the same lock hold):
-    /// - when that is a good part of the listing, they are taken out of it in one pass at the
-    ///   end (see `listing::SortedSlots::remove_all`), not one search each;
+    /// [`Shard::finish_mass_removal`], in the same lock hold), of `coming` that this step and
+    /// the next ones of the same expiry will remove (the last second's keys not yet due count):
+    /// - when they are a good part of the listing (or `coming` is a mass expiry's), they are
+    ///   taken out of it in one pass later (see `listing::SortedSlots::remove_all`), not one
+    ///   search each;
     /// - their key table elements are removed together at the end, in one loop: each removal
     ///   waits on a cache miss (the line its probe starts in), and a loop that does only that
     ///   lets the processor overlap the misses of the next ones, where the whole expiry of a
@@ -737,13 +766,14 @@ impl Shard {
     ///
     /// Nothing may find a key or list in between: the slots freed meanwhile are still in the
     /// table and the listing. A sweep step only removes.
-    fn begin_mass_removal(&mut self, removals: usize, ctx: &Ctx<'_>) {
+    fn begin_mass_removal(&mut self, removals: usize, coming: usize, ctx: &Ctx<'_>) {
         if removals == 0 || !Self::removes_in_bulk(ctx) {
             return;
         }
         self.removing_in_bulk = true;
-        self.unlisting_in_bulk =
-            self.ordered.is_some() && removals * UNLIST_IN_ONE_PASS >= self.slots.len();
+        let alive = self.slots.len();
+        self.unlisting_in_bulk = self.ordered.is_some()
+            && (removals * UNLIST_IN_ONE_PASS >= alive || coming * UNLIST_MASS_EXPIRY >= alive);
         let spare = self.pending_events.capacity() - self.pending_events.len();
         if spare < removals {
             self.pending_events.reserve_exact(removals);
@@ -788,6 +818,14 @@ impl Shard {
         self.slots.release_held_ids();
         self.unlisted_later.clear();
         self.unlisted_services.clear();
+    }
+
+    /// [`Shard::flush_unlisting`] before a search of the listing; see `searched_in_second`.
+    fn flush_unlisting_to_search(&mut self) {
+        if self.unlisted_later.len() > 0 {
+            self.searched_in_second = Some(self.last.tick());
+            self.flush_unlisting();
+        }
     }
 
     /// Keys of the last second not yet handled (0: the detached tick is done in this shard).
@@ -837,7 +875,8 @@ impl Shard {
         let now_ms = now.ms;
         let any_due = self.heap.peek().is_some_and(|(at, _)| at <= now_ms);
         if any_due && Self::removes_in_bulk(ctx) {
-            self.begin_mass_removal(self.heap.count_due(now_ms, max), ctx);
+            let due = self.heap.count_due(now_ms, max);
+            self.begin_mass_removal(due, due, ctx);
         }
         let (mut handled, mut n_expired, mut more) = (0, 0, false);
         while let Some((deadline_ms, slot)) = self.heap.peek() {
@@ -878,7 +917,7 @@ impl Shard {
     /// Expires up to `max` held keys (the guard is releasing them). Returns how many.
     pub fn release_held(&mut self, max: usize, ctx: &Ctx<'_>, now: Now) -> usize {
         let n = max.min(self.held.len());
-        self.begin_mass_removal(n, ctx);
+        self.begin_mass_removal(n, n, ctx);
         for _ in 0..n {
             let slot = *self.held.last().expect("n <= held");
             self.expire_due(slot, ctx, now.ms);
@@ -929,7 +968,7 @@ impl Shard {
         now: Now,
         replicated: bool,
     ) -> Vec<EntryView> {
-        self.flush_unlisting();
+        self.flush_unlisting_to_search();
         let Some(ordered) = &self.ordered else {
             return Vec::new();
         };
@@ -1473,7 +1512,7 @@ impl Shard {
     fn insert(&mut self, hash: KeyHash, entry: Entry) -> SlotId {
         let service = entry.service;
         self.expired.forget(&entry.key, hash);
-        self.flush_unlisting();
+        self.flush_unlisting_to_search();
         let slot = self.slots.insert(entry);
         self.table.insert(hash, slot);
         if let Some(ordered) = &mut self.ordered {
@@ -1691,7 +1730,7 @@ impl Shard {
         if old == service {
             return;
         }
-        self.flush_unlisting();
+        self.flush_unlisting_to_search();
         if let Some(ordered) = &mut self.ordered {
             let slots = &self.slots;
             let key_of = |slot| &slots.entry(slot).key;

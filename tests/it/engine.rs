@@ -596,6 +596,77 @@ fn a_stale_last_second_element_of_a_reused_slot_or_a_moved_key_expires_nothing()
     harness.registry.check_invariants();
 }
 
+/// Whether a sweep step leaves the listing to one pass looks at the whole second being expired,
+/// not at the step: a ticker on time takes a millisecond's keys per step, one each here, and
+/// a second holding a mass expiry's share of the shard (1/64 or more) still leaves the listing
+/// to the pass, where a second of ordinary churn has its keys searched for and taken out at
+/// once. A registration in the second pays a pass for the keys waiting, and the rest of that
+/// second's keys are taken out at once. Either way each page lists exactly the alive keys.
+#[test]
+fn a_mass_expiry_spread_over_its_second_leaves_the_listing_to_one_pass() {
+    // (keys due in the second, a registration at that ms, whether keys wait before it, after)
+    for (short_keys, registers_at, waits_before, waits_after) in [
+        (400, None, true, true),
+        (100, None, false, false),
+        (400, Some(1_200), true, false),
+    ] {
+        let mut harness = Harness::with_config(RegistryConfig {
+            max_ttl_s: 60,
+            shards: 1,
+            guard: GuardConfig::off(),
+            ..RegistryConfig::default()
+        });
+        let mut alive: Vec<String> = (0..10_000).map(|n| format!("long{n:05}")).collect();
+        for key in &alive {
+            harness.heartbeat(key, 60_000);
+        }
+        // Deadlines 1100 + n ms: all in the second that begins at 1000.
+        harness.advance(100);
+        for n in 0..short_keys {
+            harness.heartbeat(&format!("short{n:03}"), 1_000);
+            harness.advance(1);
+        }
+        harness.advance(1_000 - harness.now_ms);
+        let mut expired = 0;
+        let (mut waited_before, mut waited_after) = (false, false);
+        while harness.now_ms < 1_100 + short_keys {
+            harness.advance(1);
+            if registers_at == Some(harness.now_ms) {
+                harness.heartbeat("new", 60_000);
+                alive.push("new".to_owned());
+                assert_eq!(harness.registry.keys_leaving_listing(), 0);
+            }
+            let step = harness.drained_keys(EventKind::Expired).len();
+            assert!(step <= 1, "a step expires one millisecond's key");
+            expired += step;
+            let waiting = harness.registry.keys_leaving_listing() > 0;
+            if registers_at.is_some_and(|at| harness.now_ms >= at) {
+                waited_after |= waiting;
+            } else {
+                waited_before |= waiting;
+            }
+            harness.registry.check_invariants();
+        }
+        assert_eq!(expired, short_keys as usize);
+        let case =
+            format!("{short_keys} keys due in the second, a registration at {registers_at:?}");
+        assert_eq!(waited_before, waits_before, "{case}");
+        if registers_at.is_some() {
+            assert_eq!(waited_after, waits_after, "{case}");
+        }
+        let (views, more) =
+            harness
+                .registry
+                .list_alive(&ListFilter::default(), 20_000, harness.now());
+        assert!(!more);
+        let listed: Vec<String> = views.into_iter().map(|view| view.key.to_string()).collect();
+        alive.sort();
+        assert_eq!(listed, alive, "{case}");
+        assert_eq!(harness.registry.keys_leaving_listing(), 0);
+        harness.registry.check_invariants();
+    }
+}
+
 /// A mass expiry's keys leave the listing in one pass once enough of them wait for it
 /// (`Shard::flush_unlisting`). Meanwhile the invariants hold, and whatever comes first (a
 /// page, or a registration of one of those keys) finds the listing without them: a page lists

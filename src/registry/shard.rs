@@ -1085,6 +1085,7 @@ impl Shard {
         let Some((expired_unix_ms, last_heartbeat_unix_ms)) = expired else {
             return;
         };
+        let was_alive = entry.is_some();
         let (service, meta) = match entry {
             Some(entry) => (entry.service, entry.meta),
             // Already expired in the snapshot this replay started from: keep what it listed.
@@ -1099,7 +1100,11 @@ impl Shard {
             last_heartbeat_unix_ms,
             expired_unix_ms,
         };
-        self.expired.record(key.clone(), hash, record);
+        if was_alive {
+            self.expired.record_first(key.clone(), hash, record);
+        } else {
+            self.expired.record(key.clone(), hash, record);
+        }
     }
 
     /// Removes every key and the whole expired list, with no event and no record (the state a
@@ -1616,7 +1621,8 @@ impl Shard {
             meta: entry.meta,
             expired_unix_ms,
         };
-        self.expired.record(entry.key, hash, record);
+        // The key was alive: its registration took any earlier record off.
+        self.expired.record_first(entry.key, hash, record);
     }
 
     /// Queues the log record of the key in `slot`'s whole state (when a journal is attached).

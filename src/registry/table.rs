@@ -118,8 +118,13 @@ fn element(tag: u32, slot: SlotId) -> u64 {
 /// array.
 fn probe(places: &[u64], tag: u32) -> impl Iterator<Item = usize> {
     let mask = places.len().wrapping_sub(1);
-    let home = tag as usize & mask;
+    let home = home(places, tag);
     (0..places.len()).map(move |step| (home + step) & mask)
+}
+
+/// Where the probe for `tag` starts (any value when `places` is empty).
+fn home(places: &[u64], tag: u32) -> usize {
+    tag as usize & places.len().wrapping_sub(1)
 }
 
 /// The element (or tombstone) at `at`, unless the place is empty.
@@ -207,10 +212,20 @@ impl KeyTable {
         self.move_step();
     }
 
-    /// Takes out the elements of every `(hash, slot)` in `removals`, each in the table. One
-    /// tight loop, so that the cache misses of consecutive removals overlap (see
-    /// `Shard::begin_mass_removal`).
+    /// Takes out the elements of every `(hash, slot)` in `removals`, each in the table (see
+    /// `Shard::begin_mass_removal`). The removals wait on one cache miss each, the line their
+    /// probe starts in, and cannot overlap them much: a removal's loop branches on what it
+    /// reads. So a first loop only reads those lines, loads that depend on nothing before them
+    /// and so all wait at once, and the removals then find their lines in the cache.
     pub fn remove_all(&mut self, removals: &[(KeyHash, SlotId)]) {
+        let first_read = removals.iter().fold(0, |read, &(hash, _)| {
+            read ^ self
+                .places
+                .get(home(&self.places, hash.tag()))
+                .copied()
+                .unwrap_or(0)
+        });
+        std::hint::black_box(first_read);
         for &(hash, slot) in removals {
             self.remove(hash, slot);
         }

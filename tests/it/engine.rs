@@ -667,6 +667,43 @@ fn a_mass_expiry_spread_over_its_second_leaves_the_listing_to_one_pass() {
     }
 }
 
+/// A mass expiry spread over its second takes its keys out of the listing in one pass, after
+/// its last step in the shard, not a pass at each eighth of the keys alive as they dwindle.
+#[test]
+fn a_mass_expiry_spread_over_its_second_reads_the_listing_once() {
+    let mut harness = Harness::with_config(RegistryConfig {
+        max_ttl_s: 60,
+        shards: 1,
+        guard: GuardConfig::off(),
+        ..RegistryConfig::default()
+    });
+    for n in 0..100 {
+        harness.heartbeat(&format!("long{n:03}"), 60_000);
+    }
+    // Deadlines 1100 + n ms: all in the second that begins at 1000.
+    harness.advance(100);
+    for n in 0..900 {
+        harness.heartbeat(&format!("short{n:03}"), 1_000);
+        harness.advance(1);
+    }
+    harness.advance(1_000 - harness.now_ms);
+    let mut waiting = Vec::new();
+    while harness.now_ms < 2_000 {
+        harness.advance(1);
+        waiting.push(harness.registry.keys_leaving_listing());
+        harness.registry.check_invariants();
+    }
+    assert_eq!(harness.drained_keys(EventKind::Expired).len(), 900);
+    // Each step's key joined the wait, up to the last step's, which took them all out.
+    let (last, before) = waiting.split_last().unwrap();
+    assert_eq!(*last, 0);
+    assert_eq!(before.iter().max(), Some(&899));
+    let (views, _) = harness
+        .registry
+        .list_alive(&ListFilter::default(), 2_000, harness.now());
+    assert_eq!(views.len(), 100);
+}
+
 /// A mass expiry's keys leave the listing in one pass once enough of them wait for it
 /// (`Shard::flush_unlisting`). Meanwhile the invariants hold, and whatever comes first (a
 /// page, or a registration of one of those keys) finds the listing without them: a page lists

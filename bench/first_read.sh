@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # What the first reads after a mass expiry cost. The expired log indexes its records only when
-# something reads it (`registry::expired`), so after KEYS keys (1M) expire at once the first
-# read indexes what the count bound kept (`--expired-max`, 100,000). Registers the keys through
-# the batch route with TTL $TTL (`--ephemeral`, the guard off), waits $WAIT with no request at
-# all (no scrape: a scrape reads the log's counts), then times, one after the other, two
-# /metrics scrapes, two `GET /v1/keys?state=expired&limit=1`, `GET /v1/services` and the
-# creation of one new key (curl's time_total each).
+# something reads them (`registry::expired`), so after KEYS keys (1M) expire at once the first
+# listing of them indexes what the count bound kept (`--expired-max`, 100,000); the counts a
+# scrape reads need no indexing. Registers the keys through the batch route with TTL $TTL
+# (`--ephemeral`, the guard off), waits $WAIT with no request at all, then times, one after the
+# other, two /metrics scrapes, two `GET /v1/keys?state=expired&limit=1`, `GET /v1/services` and
+# the creation of one new key (curl's time_total each).
 #
 # Usage: bash bench/first_read.sh     KEYS=1000000 TTL=8s WAIT=14 ROUNDS=2 SERVER=<binary>
 # The server binds 127.0.0.1 only and is stopped by PID. Results: target/bench-first-read/.

@@ -332,9 +332,9 @@ pub(super) struct Shard {
     /// are held in `slots` until then. See [`UNLIST_IN_ONE_PASS`].
     unlisted_later: SlotSet,
     unlisted_services: Vec<ServiceId>,
-    /// The tick whose last second had a search (a registration, a page, a change of service)
-    /// pass the keys waiting for the listing, so pay a pass for them: for the rest of that
-    /// second, steps no longer leave the listing to a pass for being part of a mass expiry
+    /// The tick in whose last second a search of the listing (a registration, a page, a change
+    /// of service) found keys waiting to leave it, and so paid a pass for them: for the rest of
+    /// that second, a step no longer leaves its keys to a pass for being part of a mass expiry
     /// (see [`UNLIST_MASS_EXPIRY`]).
     searched_in_second: Option<Tick>,
     /// Between [`Shard::begin_mass_removal`] and its end: the key table's removals wait in
@@ -372,8 +372,8 @@ const UNLIST_BATCH: usize = 8;
 /// fleet whose keys expire and register steadily would then defer every expiry, and each
 /// registration (which must search the listing) would pay a pass for the few keys waiting.
 /// For the same reason a second in which a search paid a pass goes back to the steps' own
-/// sizes for the rest of it: passes forced by searches cost at most one per second more than
-/// searching for each key.
+/// sizes for the rest of it: passes forced by searches cost at most one per shard and second
+/// more than searching for each key.
 const UNLIST_MASS_EXPIRY: usize = 64;
 
 impl Shard {

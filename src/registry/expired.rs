@@ -432,6 +432,13 @@ mod tests {
         }
     }
 
+    /// A key and its hash.
+    fn keyed(hasher: &foldhash::fast::RandomState, text: &str) -> (Key, KeyHash) {
+        let key = Key::new(text).unwrap();
+        let hash = KeyHash::of(hasher, &key);
+        (key, hash)
+    }
+
     fn listed(log: &mut ExpiredLog) -> Vec<String> {
         log.page(&ListFilter::default(), 10)
             .into_iter()
@@ -442,11 +449,7 @@ mod tests {
     #[test]
     fn expired_log_prunes_by_age_and_count() {
         let hasher = foldhash::fast::RandomState::default();
-        let key = |text: &str| {
-            let key = Key::new(text).unwrap();
-            let hash = KeyHash::of(&hasher, &key);
-            (key, hash)
-        };
+        let key = |text: &str| keyed(&hasher, text);
         let mut log = ExpiredLog::new(1_000, 2);
         for (text, at) in [("a", 10), ("b", 20), ("c", 30)] {
             let (key, hash) = key(text);
@@ -469,8 +472,7 @@ mod tests {
         let hasher = foldhash::fast::RandomState::default();
         let mut log = ExpiredLog::new(u64::MAX, 100);
         for n in 0..1_000 {
-            let key = Key::new(&format!("k{n}")).unwrap();
-            let hash = KeyHash::of(&hasher, &key);
+            let (key, hash) = keyed(&hasher, &format!("k{n}"));
             log.record(key, hash, record(n));
         }
         assert_eq!(log.queue.len(), 100);
@@ -487,8 +489,7 @@ mod tests {
         let hasher = foldhash::fast::RandomState::default();
         let mut log = ExpiredLog::new(u64::MAX, 100);
         for n in 0..1_000 {
-            let key = Key::new(&format!("k{}", n % 50)).unwrap();
-            let hash = KeyHash::of(&hasher, &key);
+            let (key, hash) = keyed(&hasher, &format!("k{}", n % 50));
             log.record(key, hash, record(n));
         }
         assert_eq!((log.indexed, log.current.len()), (0, 0));
@@ -506,16 +507,14 @@ mod tests {
         let hasher = foldhash::fast::RandomState::default();
         let mut log = ExpiredLog::new(u64::MAX, 100);
         for n in 0..1_000 {
-            let key = Key::new(&format!("k{n}")).unwrap();
-            let hash = KeyHash::of(&hasher, &key);
+            let (key, hash) = keyed(&hasher, &format!("k{n}"));
             log.record_first(key, hash, record(n));
         }
         assert_eq!(log.counts().collect::<Vec<_>>(), [(ServiceId::NONE, 100)]);
         assert_eq!((log.indexed, log.current.len()), (0, 0));
         log.check_invariants(|_| false, |key| KeyHash::of(&hasher, key));
         // A record that may supersede makes the next read of the counts catch up.
-        let key = Key::new("k999").unwrap();
-        let hash = KeyHash::of(&hasher, &key);
+        let (key, hash) = keyed(&hasher, "k999");
         log.record(key, hash, record(1_000));
         assert_eq!(log.counts().collect::<Vec<_>>(), [(ServiceId::NONE, 99)]);
         assert_eq!(log.indexed, 100);

@@ -36,7 +36,8 @@ pub enum InvalidInput {
 
 /// A registered key: 1 to 256 bytes of UTF-8 without control characters.
 ///
-/// Stored inline (no allocation) up to 24 bytes, which is what keeps the per-key memory small.
+/// Stored inline (no allocation) up to 24 bytes, which is what keeps the per-key memory small
+/// (a registry entry keeps up to 30 inline: `registry::shard::entry_key`).
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Key(CompactString);
 
@@ -56,6 +57,18 @@ impl Key {
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+
+    /// The key whose bytes these are, copied from a key (`registry`'s entries keep some keys
+    /// as bytes): only checked to be UTF-8, as they are unless the copy was wrong.
+    pub(crate) fn from_copied(bytes: &[u8]) -> Option<Self> {
+        std::str::from_utf8(bytes)
+            .ok()
+            .map(|raw| Self(CompactString::new(raw)))
     }
 }
 
@@ -130,8 +143,8 @@ impl Ttl {
 
 /// Client metadata: a JSON object of at most 4 KiB serialized, kept as its raw text.
 ///
-/// Boxed twice on purpose: `Option<Meta>` is one pointer (8 bytes) in every entry, and most keys
-/// carry no metadata at all.
+/// Boxed twice on purpose: `Option<Meta>` is one pointer (8 bytes) in every event and record,
+/// and most keys carry no metadata at all.
 #[derive(Clone)]
 pub struct Meta(Box<Box<RawValue>>);
 

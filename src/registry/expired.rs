@@ -186,12 +186,12 @@ impl ExpiredLog {
     }
 
     /// Forgets `key`'s record, if any (it was registered again, or expired again).
-    pub fn forget(&mut self, key: &Key, hash: KeyHash) {
+    pub fn forget(&mut self, key: &[u8], hash: KeyHash) {
         self.catch_up();
         if self.current.is_empty() {
             return; // the common case for a registration: nothing to probe
         }
-        self.supersede(hash.tag(), |_, logged| logged.key == *key);
+        self.supersede(hash.tag(), |_, logged| logged.key.as_bytes() == key);
     }
 
     /// Takes out of the table the element of the current indexed record whose key has `tag`
@@ -459,7 +459,7 @@ mod tests {
         log.prune(1_020);
         assert_eq!(listed(&mut log), ["c"], "b is 1 s old at 1020");
         let (c, c_hash) = key("c");
-        log.forget(&c, c_hash);
+        log.forget(c.as_bytes(), c_hash);
         assert_eq!(listed(&mut log), Vec::<String>::new());
         assert_eq!(log.counts().count(), 0);
         log.check_invariants(|_| false, |key| KeyHash::of(&hasher, key));
@@ -604,7 +604,7 @@ mod tests {
                     }
                     Op::Forget { key } => {
                         let key = Key::new(&format!("k{key}")).unwrap();
-                        log.forget(&key, hash_of(&key));
+                        log.forget(key.as_bytes(), hash_of(&key));
                         model_map.remove(&key);
                     }
                     Op::Prune { dt } => now += u64::from(dt),

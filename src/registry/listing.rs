@@ -7,7 +7,6 @@
 
 use super::services::ServiceId;
 use crate::expiry::wheel::SlotId;
-use crate::types::Key;
 
 /// What a page asks for. Keys are returned in byte order of their UTF-8 text.
 #[derive(Clone, Debug, Default)]
@@ -32,16 +31,17 @@ impl ListFilter {
     }
 
     /// Whether the scan may stop at `key`: no later key can match the prefix.
-    fn past_prefix(&self, key: &str) -> bool {
+    fn past_prefix(&self, key: &[u8]) -> bool {
         self.prefix
             .as_deref()
+            .map(str::as_bytes)
             .is_some_and(|prefix| !key.starts_with(prefix) && key > prefix)
     }
 
-    fn matches_prefix(&self, key: &str) -> bool {
+    fn matches_prefix(&self, key: &[u8]) -> bool {
         self.prefix
             .as_deref()
-            .is_none_or(|prefix| key.starts_with(prefix))
+            .is_none_or(|prefix| key.starts_with(prefix.as_bytes()))
     }
 }
 
@@ -67,7 +67,7 @@ const BUILT_FILL: usize = BLOCK_MAX * 3 / 4;
 ///
 /// The search over the blocks compares the first 8 bytes of each block's last key, kept in
 /// one array ([`fence`]), and reads a key only where those are equal: reading a key is two or
-/// three cache misses (the slot, the entry, a key over 24 bytes on the heap), and a binary
+/// three cache misses (the slot, the entry, a key over 30 bytes on the heap), and a binary
 /// search over the blocks of a shard's ~300k keys read ~11 of them per creation. Measured
 /// with `perf` while batches created keys at 4.7M keys: `Shard::insert`, where that search is
 /// inlined, took 43 % of the server's CPU samples; growth to 10M keys over HTTP took 38-40 s
@@ -85,7 +85,7 @@ pub(super) struct SortedSlots {
 }
 
 /// Whether `key` sorts before the place sought: below `text` (`inclusive`), or at most it.
-fn before(key: &str, text: &str, inclusive: bool) -> bool {
+fn before(key: &[u8], text: &[u8], inclusive: bool) -> bool {
     if inclusive {
         key < text
     } else {
@@ -95,8 +95,7 @@ fn before(key: &str, text: &str, inclusive: bool) -> bool {
 
 /// A key's first 8 bytes as a big-endian number, zero-padded: `fence(a) < fence(b)` implies
 /// `a < b` in byte order (and `>` implies `>`); only equal fences leave the order open.
-fn fence(key: &str) -> u64 {
-    let bytes = key.as_bytes();
+fn fence(bytes: &[u8]) -> u64 {
     let mut first = [0u8; 8];
     let n = bytes.len().min(8);
     first[..n].copy_from_slice(&bytes[..n]);
@@ -108,12 +107,12 @@ impl SortedSlots {
     /// offset)`, `(blocks.len(), 0)` when there is none.
     fn position<'k>(
         &self,
-        text: &str,
+        text: &[u8],
         inclusive: bool,
-        key_of: impl Fn(SlotId) -> &'k Key,
+        key_of: impl Fn(SlotId) -> &'k [u8],
     ) -> (usize, usize) {
         let block = self.block_of(text, inclusive, &key_of);
-        let before = |slot: SlotId| before(key_of(slot).as_str(), text, inclusive);
+        let before = |slot: SlotId| before(key_of(slot), text, inclusive);
         match self.blocks.get(block) {
             Some(slots) => (block, slots.partition_point(|&slot| before(slot))),
             None => (block, 0),
@@ -125,9 +124,9 @@ impl SortedSlots {
     /// block's last key only where its fence equals `text`'s.
     fn block_of<'k>(
         &self,
-        text: &str,
+        text: &[u8],
         inclusive: bool,
-        key_of: impl Fn(SlotId) -> &'k Key,
+        key_of: impl Fn(SlotId) -> &'k [u8],
     ) -> usize {
         let sought = fence(text);
         let is_before = |block: usize| match self.fences[block].cmp(&sought) {
@@ -135,7 +134,7 @@ impl SortedSlots {
             std::cmp::Ordering::Greater => false,
             std::cmp::Ordering::Equal => {
                 let last = *self.blocks[block].last().expect("blocks are never empty");
-                before(key_of(last).as_str(), text, inclusive)
+                before(key_of(last), text, inclusive)
             }
         };
         // A binary search (the predicate holds for a prefix of the blocks).
@@ -152,17 +151,17 @@ impl SortedSlots {
     }
 
     /// The list of `ids`, already in key order, in blocks filled to [`BUILT_FILL`].
-    fn from_sorted<'k>(ids: &[SlotId], key_of: impl Fn(SlotId) -> &'k Key) -> Self {
+    fn from_sorted<'k>(ids: &[SlotId], key_of: impl Fn(SlotId) -> &'k [u8]) -> Self {
         let blocks: Vec<Vec<SlotId>> = ids.chunks(BUILT_FILL).map(<[SlotId]>::to_vec).collect();
         let fences = (blocks.iter())
-            .map(|block| fence(key_of(*block.last().expect("chunks are never empty")).as_str()))
+            .map(|block| fence(key_of(*block.last().expect("chunks are never empty"))))
             .collect();
         Self { blocks, fences }
     }
 
     /// Adds `slot`, whose key is not in the list yet.
-    pub fn insert<'k>(&mut self, slot: SlotId, key_of: impl Fn(SlotId) -> &'k Key) {
-        let key = key_of(slot).as_str();
+    pub fn insert<'k>(&mut self, slot: SlotId, key_of: impl Fn(SlotId) -> &'k [u8]) {
+        let key = key_of(slot);
         let (mut block, mut offset) = self.position(key, true, &key_of);
         if self.blocks.is_empty() {
             self.blocks.push(vec![slot]);
@@ -192,15 +191,15 @@ impl SortedSlots {
     }
 
     /// Sets block `block`'s fence from its last key.
-    fn refresh_fence<'k>(&mut self, block: usize, key_of: impl Fn(SlotId) -> &'k Key) {
+    fn refresh_fence<'k>(&mut self, block: usize, key_of: impl Fn(SlotId) -> &'k [u8]) {
         let last = *self.blocks[block].last().expect("blocks are never empty");
-        self.fences[block] = fence(key_of(last).as_str());
+        self.fences[block] = fence(key_of(last));
     }
 
     /// Takes out `slot`, whose key is `key_of(slot)` (still readable: the caller removes the
     /// entry after).
-    pub fn remove<'k>(&mut self, slot: SlotId, key_of: impl Fn(SlotId) -> &'k Key) {
-        let key = key_of(slot).as_str();
+    pub fn remove<'k>(&mut self, slot: SlotId, key_of: impl Fn(SlotId) -> &'k [u8]) {
+        let key = key_of(slot);
         // The block by its keys, then the id by a scan of the block's ids: at most 1 KiB read
         // in order, where a binary search would read ~8 entries at random (a mass expiry
         // removes a million keys this way).
@@ -239,7 +238,7 @@ impl SortedSlots {
     ///
     /// A block whose last id left reads its new last key for its fence (`key_of`: the ids
     /// kept are alive, their keys readable): one key a block at most.
-    pub fn remove_all<'k>(&mut self, gone: &SlotSet, key_of: impl Fn(SlotId) -> &'k Key) {
+    pub fn remove_all<'k>(&mut self, gone: &SlotSet, key_of: impl Fn(SlotId) -> &'k [u8]) {
         let mut kept: Vec<Vec<SlotId>> = Vec::with_capacity(self.blocks.len());
         let mut fences: Vec<u64> = Vec::with_capacity(self.blocks.len());
         let blocks = std::mem::take(&mut self.blocks);
@@ -251,7 +250,7 @@ impl SortedSlots {
             };
             let block_fence = match last == Some(new_last) {
                 true => old_fence,
-                false => fence(key_of(new_last).as_str()),
+                false => fence(key_of(new_last)),
             };
             match kept.last_mut() {
                 Some(previous) if previous.len() + block.len() <= BLOCK_MAX / 2 => {
@@ -271,9 +270,9 @@ impl SortedSlots {
     /// Every id from the first whose key is at least `text` (`inclusive`) or above it, in order.
     fn from<'a, 'k>(
         &'a self,
-        text: &str,
+        text: &[u8],
         inclusive: bool,
-        key_of: impl Fn(SlotId) -> &'k Key,
+        key_of: impl Fn(SlotId) -> &'k [u8],
     ) -> impl Iterator<Item = SlotId> + 'a {
         let (block, offset) = self.position(text, inclusive, key_of);
         let first = self
@@ -291,7 +290,7 @@ impl SortedSlots {
     /// Checks the invariants above; panics naming the first one broken. Ids in `leaving` (keys
     /// gone, ids not yet taken out: `Shard::flush_unlisting`) are passed over: their keys
     /// cannot be read, and a fence of one stays until the pass. O(n): for tests.
-    fn check_invariants<'k>(&self, leaving: &SlotSet, key_of: impl Fn(SlotId) -> &'k Key) {
+    fn check_invariants<'k>(&self, leaving: &SlotSet, key_of: impl Fn(SlotId) -> &'k [u8]) {
         assert!(
             self.blocks
                 .iter()
@@ -301,16 +300,17 @@ impl SortedSlots {
         for (slots, &kept) in self.blocks.iter().zip(&self.fences) {
             let last = *slots.last().expect("not empty");
             if !leaving.contains(last) {
-                assert_eq!(kept, fence(key_of(last).as_str()), "a block's fence");
+                assert_eq!(kept, fence(key_of(last)), "a block's fence");
             }
         }
         assert_eq!(self.fences.len(), self.blocks.len(), "a fence per block");
-        let keys: Vec<&Key> = (self.iter())
+        let keys: Vec<&[u8]> = (self.iter())
             .filter(|&slot| !leaving.contains(slot))
             .map(&key_of)
             .collect();
         if let Some(pair) = keys.windows(2).find(|pair| pair[0] >= pair[1]) {
-            panic!("sorted slots out of order: {} then {}", pair[0], pair[1]);
+            let (first, then) = (pair[0].escape_ascii(), pair[1].escape_ascii());
+            panic!("sorted slots out of order: {first} then {then}");
         }
     }
 }
@@ -321,10 +321,10 @@ const PREFIX_BYTES: usize = 32;
 /// Sorts `ids` (slot ids, each with a value carried along) by their keys (byte order): by the first [`PREFIX_BYTES`] bytes of each key,
 /// read once and kept beside its id, then, only among ids whose keys share those bytes, by
 /// the whole keys.
-fn sort_by_key<'k, T: Copy>(ids: &mut [(SlotId, T)], key_of: impl Fn(SlotId) -> &'k Key + Copy) {
+fn sort_by_key<'k, T: Copy>(ids: &mut [(SlotId, T)], key_of: impl Fn(SlotId) -> &'k [u8] + Copy) {
     let prefix = |slot: SlotId| {
         let mut first = [0u8; PREFIX_BYTES];
-        let bytes = key_of(slot).as_str().as_bytes();
+        let bytes = key_of(slot);
         let n = bytes.len().min(PREFIX_BYTES);
         first[..n].copy_from_slice(&bytes[..n]);
         first
@@ -336,7 +336,7 @@ fn sort_by_key<'k, T: Copy>(ids: &mut [(SlotId, T)], key_of: impl Fn(SlotId) -> 
     // or a key that is a prefix of another. Whole keys decide there.
     for run in tagged.chunk_by_mut(|a, b| a.0 == b.0) {
         if run.len() > 1 {
-            run.sort_unstable_by(|a, b| key_of(a.1 .0).as_str().cmp(key_of(b.1 .0).as_str()));
+            run.sort_unstable_by(|a, b| key_of(a.1 .0).cmp(key_of(b.1 .0)));
         }
     }
     for (id, (_, item)) in ids.iter_mut().zip(tagged) {
@@ -361,7 +361,7 @@ impl OrderedIndex {
     /// where every key arrives at once: `Registry::defer_listing`).
     pub fn build<'k>(
         alive: impl Iterator<Item = (SlotId, ServiceId)>,
-        key_of: impl Fn(SlotId) -> &'k Key + Copy,
+        key_of: impl Fn(SlotId) -> &'k [u8] + Copy,
     ) -> Self {
         let mut alive: Vec<(SlotId, ServiceId)> = alive.collect();
         sort_by_key(&mut alive, key_of);
@@ -385,7 +385,7 @@ impl OrderedIndex {
         &mut self,
         slot: SlotId,
         service: ServiceId,
-        key_of: impl Fn(SlotId) -> &'k Key,
+        key_of: impl Fn(SlotId) -> &'k [u8],
     ) {
         self.by_key.insert(slot, &key_of);
         if !service.is_none() {
@@ -401,7 +401,7 @@ impl OrderedIndex {
         &mut self,
         slot: SlotId,
         service: ServiceId,
-        key_of: impl Fn(SlotId) -> &'k Key,
+        key_of: impl Fn(SlotId) -> &'k [u8],
     ) {
         self.by_key.remove(slot, &key_of);
         if !service.is_none() {
@@ -415,7 +415,7 @@ impl OrderedIndex {
         &mut self,
         gone: &SlotSet,
         services: &[ServiceId],
-        key_of: impl Fn(SlotId) -> &'k Key,
+        key_of: impl Fn(SlotId) -> &'k [u8],
     ) {
         self.by_key.remove_all(gone, &key_of);
         for service in services {
@@ -432,7 +432,7 @@ impl OrderedIndex {
         &self,
         alive: impl Iterator<Item = (SlotId, ServiceId)>,
         leaving: &SlotSet,
-        key_of: impl Fn(SlotId) -> &'k Key + Copy,
+        key_of: impl Fn(SlotId) -> &'k [u8] + Copy,
     ) {
         let mut by_key = Vec::new();
         let mut by_service: Vec<Vec<SlotId>> = vec![Vec::new(); self.by_service.len()];
@@ -480,7 +480,7 @@ impl OrderedIndex {
         key_of: F,
     ) -> impl Iterator<Item = SlotId> + 'a
     where
-        F: Fn(SlotId) -> &'a Key + Copy + 'a,
+        F: Fn(SlotId) -> &'a [u8] + Copy + 'a,
     {
         let list = match filter.service {
             None => Some(&self.by_key),
@@ -488,9 +488,9 @@ impl OrderedIndex {
         };
         let (text, inclusive) = filter.start();
         list.into_iter()
-            .flat_map(move |list| list.from(text, inclusive, key_of))
-            .take_while(move |&slot| !filter.past_prefix(key_of(slot).as_str()))
-            .filter(move |&slot| filter.matches_prefix(key_of(slot).as_str()))
+            .flat_map(move |list| list.from(text.as_bytes(), inclusive, key_of))
+            .take_while(move |&slot| !filter.past_prefix(key_of(slot)))
+            .filter(move |&slot| filter.matches_prefix(key_of(slot)))
     }
 }
 
@@ -533,10 +533,11 @@ impl SlotSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::Key;
     use proptest::prelude::{Just, Strategy};
 
     fn keys(index: &OrderedIndex, names: &[Key], filter: &ListFilter) -> Vec<String> {
-        let key_of = |slot: SlotId| &names[slot as usize];
+        let key_of = |slot: SlotId| names[slot as usize].as_bytes();
         index
             .scan(filter, key_of)
             .map(|slot| names[slot as usize].to_string())
@@ -552,7 +553,7 @@ mod tests {
             .map(|key| Key::new(key).unwrap())
             .collect();
         for slot in 0..names.len() as SlotId {
-            index.insert(slot, web, |slot| &names[slot as usize]);
+            index.insert(slot, web, |slot| names[slot as usize].as_bytes());
         }
         let filter = |prefix: Option<&str>, after: Option<&str>| ListFilter {
             service: None,
@@ -587,7 +588,7 @@ mod tests {
                 false => format!("k{n:05}"),
             };
             let names: Vec<Key> = (0..1200u32).map(|n| Key::new(&name(n)).unwrap()).collect();
-            let key_of = |slot: SlotId| &names[slot as usize];
+            let key_of = |slot: SlotId| names[slot as usize].as_bytes();
             let mut list = SortedSlots::default();
             for (step, &slot) in inserts.iter().enumerate() {
                 list.insert(slot, key_of);
@@ -621,7 +622,7 @@ mod tests {
                 _ => format!("a-common-prefix-longer-than-thirty-two-bytes/{}", n * 7919 % 1500),
             };
             let names: Vec<Key> = (0..1500u32).map(|n| Key::new(&name(n)).unwrap()).collect();
-            let key_of = |slot: SlotId| &names[slot as usize];
+            let key_of = |slot: SlotId| names[slot as usize].as_bytes();
             let service = |slot: SlotId| ServiceId::from_index(services[slot as usize]);
             let (built_from, inserted_after) = order.split_at(1200);
             let alive = built_from.iter().map(|&slot| (slot, service(slot)));
@@ -662,7 +663,7 @@ mod tests {
                 false => format!("k{n:05}"),
             };
             let names: Vec<Key> = (0..1200u32).map(|n| Key::new(&name(n)).unwrap()).collect();
-            let key_of = |slot: SlotId| &names[slot as usize];
+            let key_of = |slot: SlotId| names[slot as usize].as_bytes();
             let (mut batched, mut single) = (SortedSlots::default(), SortedSlots::default());
             for &slot in &inserts {
                 batched.insert(slot, key_of);
@@ -705,7 +706,7 @@ mod tests {
             from in 0u16..2000,
         ) {
             let names: Vec<Key> = (0..2000u16).map(|n| Key::new(&format!("k{n:05}")).unwrap()).collect();
-            let key_of = |slot: SlotId| &names[slot as usize];
+            let key_of = |slot: SlotId| names[slot as usize].as_bytes();
             let mut list = SortedSlots::default();
             let mut model = std::collections::BTreeSet::new();
             for (insert, n) in ops {
@@ -721,7 +722,7 @@ mod tests {
             proptest::prop_assert_eq!(&listed, &model.iter().copied().collect::<Vec<_>>());
             let text = names[from as usize].as_str();
             for inclusive in [true, false] {
-                let scanned: Vec<SlotId> = list.from(text, inclusive, key_of).collect();
+                let scanned: Vec<SlotId> = list.from(text.as_bytes(), inclusive, key_of).collect();
                 let expected: Vec<SlotId> = model
                     .iter()
                     .copied()

@@ -133,8 +133,9 @@ struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    fn hash(&self, key: &Key) -> KeyHash {
-        KeyHash::of(self.hasher, key)
+    /// The hash of a key's bytes (an entry's key: `KeyHash::of_bytes`).
+    fn hash_bytes(&self, key: &[u8]) -> KeyHash {
+        KeyHash::of_bytes(self.hasher, key)
     }
 
     /// Whether changes that must be logged are refused now (the log cannot be written).

@@ -42,9 +42,11 @@ use crate::persist::record::{ExpiredState, Expiry, KeyState as DurableKey, Recor
 use crate::types::{Key, Meta};
 use foldhash::fast::RandomState;
 
+mod entry_key;
 mod replicated;
 mod times;
 
+use entry_key::EntryKey;
 use times::Times;
 
 pub use replicated::CheckpointItem;
@@ -144,13 +146,14 @@ impl TimerRef {
     }
 }
 
-/// One registered key. 64 bytes and aligned to 64, so one cache line, of which the key's
-/// inline buffer is 24 (checked by a test; see `times`).
+/// One registered key. 64 bytes and aligned to 64, so one cache line, of which the key and
+/// its metadata take 32, a key of up to 30 bytes inline (checked by tests; see `entry_key`
+/// and `times`).
 #[derive(Debug)]
 #[repr(align(64))]
 struct Entry {
-    key: Key,
-    meta: Option<Meta>,
+    /// The key, and its metadata if it has any.
+    key: EntryKey,
     /// - the deadline: epoch ms, `NO_DEADLINE` when persistent. The exact deadline: TTL
     ///   answers use it, never the bucket;
     /// - the TTL last given (by a heartbeat or an EXPIRE); meaningless when persistent;
@@ -453,7 +456,7 @@ impl Shard {
                 || service.is_some_and(|service| service != entry.service)
                 || meta
                     .as_ref()
-                    .is_some_and(|meta| entry.meta.as_ref() != Some(meta))
+                    .is_some_and(|meta| entry.key.meta() != Some(meta))
         });
         if durable_change && ctx.config.replicated {
             return Err(RegistryError::NeedsLog);
@@ -487,15 +490,14 @@ impl Shard {
                 entry.set_last_heartbeat_unix_ms(now_unix_ms);
                 entry.flags &= !(ABSOLUTE | RESTORED);
                 if meta.is_some() {
-                    entry.meta = meta;
+                    entry.key.set_meta(meta);
                 }
                 (slot, false)
             }
             None => {
                 let (registered_unix_s, flags) = Entry::registered_at(now_unix_ms);
                 let entry = Entry {
-                    key: key.0.clone(),
-                    meta,
+                    key: EntryKey::new(key.0, meta),
                     times: Times::new(deadline_ms, ttl_ms, now_unix_ms),
                     registered_unix_s,
                     flags,
@@ -821,7 +823,7 @@ impl Shard {
         if let Some(ordered) = &mut self.ordered {
             let slots = &self.slots;
             let (gone, services) = (&self.unlisted_later, &self.unlisted_services);
-            ordered.remove_all(gone, services, |slot| &slots.entry(slot).key);
+            ordered.remove_all(gone, services, |slot| slots.entry(slot).key.as_bytes());
         }
         self.slots.release_held_ids();
         self.unlisted_later.clear();
@@ -984,7 +986,7 @@ impl Shard {
         let now_ms = if replicated { 0 } else { now.ms };
         let slots = &self.slots;
         ordered
-            .scan(filter, |slot| &slots.entry(slot).key)
+            .scan(filter, |slot| slots.entry(slot).key.as_bytes())
             .filter(|&slot| {
                 let entry = self.slots.entry(slot);
                 let held = matches!(entry.timer.get(), Timer::Held { .. });
@@ -1056,7 +1058,7 @@ impl Shard {
             Some(slot) => {
                 self.change_service(slot, service);
                 let entry = self.slots.entry_mut(slot);
-                entry.meta = state.meta;
+                entry.key.set_meta(state.meta);
                 entry.registered_unix_s = registered_unix_s;
                 entry.flags = flags;
                 entry.set_last_heartbeat_unix_ms(state.last_heartbeat_unix_ms);
@@ -1067,8 +1069,7 @@ impl Shard {
                 self.insert(
                     hash,
                     Entry {
-                        key: state.key,
-                        meta: state.meta,
+                        key: EntryKey::from_owned(state.key, state.meta),
                         times: Times::new(deadline_ms, ttl_ms, state.last_heartbeat_unix_ms),
                         registered_unix_s,
                         flags,
@@ -1095,7 +1096,7 @@ impl Shard {
         };
         let was_alive = entry.is_some();
         let (service, meta) = match entry {
-            Some(entry) => (entry.service, entry.meta),
+            Some(entry) => (entry.service, entry.key.into_parts().1),
             // Already expired in the snapshot this replay started from: keep what it listed.
             None => match self.expired.get(key, hash) {
                 Some(record) => (record.service, record.meta.clone()),
@@ -1142,7 +1143,9 @@ impl Shard {
         }
         let slots = &self.slots;
         let alive = slots.iter().map(|(slot, entry)| (slot, entry.service));
-        self.ordered = Some(OrderedIndex::build(alive, |slot| &slots.entry(slot).key));
+        self.ordered = Some(OrderedIndex::build(alive, |slot| {
+            slots.entry(slot).key.as_bytes()
+        }));
     }
 
     /// Puts a key read back from a snapshot's expired list on the expired list, unless it is
@@ -1201,7 +1204,7 @@ impl Shard {
         hasher: &RandomState,
     ) {
         self.slots.check_invariants();
-        let hash_of = |key: &Key| KeyHash::of(hasher, key);
+        let hash_of = |key: &EntryKey| KeyHash::of_bytes(hasher, key.as_bytes());
         self.table.check_invariants(self.slots.len(), |slot| {
             self.slots.get(slot).map(|entry| hash_of(&entry.key))
         });
@@ -1219,8 +1222,9 @@ impl Shard {
         }
         for (slot, entry) in self.slots.iter() {
             n_live += 1;
+            entry.key.check_form();
             assert_eq!(
-                self.find((&entry.key, hash_of(&entry.key))),
+                self.find((&entry.key.to_key(), hash_of(&entry.key))),
                 Some(slot),
                 "{} is not found at its slot",
                 entry.key
@@ -1351,7 +1355,7 @@ impl Shard {
             ordered.check_invariants(
                 slots.iter().map(|(slot, entry)| (slot, entry.service)),
                 &self.unlisted_later,
-                |slot| &slots.entry(slot).key,
+                |slot| slots.entry(slot).key.as_bytes(),
             );
         }
         assert_eq!(
@@ -1363,8 +1367,10 @@ impl Shard {
             (self.slots.held_ids().iter()).all(|&slot| self.unlisted_later.contains(slot)),
             "a held id whose key does not wait to leave the listing"
         );
-        self.expired
-            .check_invariants(|key| self.find((key, hash_of(key))).is_some(), hash_of);
+        self.expired.check_invariants(
+            |key| self.find((key, KeyHash::of(hasher, key))).is_some(),
+            |key| KeyHash::of(hasher, key),
+        );
     }
 
     /// A wheel entry's element is where its timer says: in a bucket the wheel holds, in the
@@ -1510,7 +1516,7 @@ impl Shard {
         for &slot in found.iter() {
             let entry = self.slots.entry(slot);
             let timer = entry.timer;
-            read ^= entry.deadline_ms() ^ u64::from(timer.tick) ^ entry.key.as_str().len() as u64;
+            read ^= entry.deadline_ms() ^ u64::from(timer.tick) ^ entry.key.as_bytes().len() as u64;
         }
         read
     }
@@ -1518,19 +1524,19 @@ impl Shard {
     /// The slot of `key`, if it is in this shard.
     fn find(&self, (key, hash): Keyed<'_>) -> Option<SlotId> {
         self.table
-            .find(hash, |slot| self.slots.entry(slot).key == *key)
+            .find(hash, |slot| self.slots.entry(slot).key.is(key))
     }
 
     /// Stores a new key's entry (its key has `hash`) and adds it to the table.
     fn insert(&mut self, hash: KeyHash, entry: Entry) -> SlotId {
         let service = entry.service;
-        self.expired.forget(&entry.key, hash);
+        self.expired.forget(entry.key.as_bytes(), hash);
         self.flush_unlisting_to_search();
         let slot = self.slots.insert(entry);
         self.table.insert(hash, slot);
         if let Some(ordered) = &mut self.ordered {
             let slots = &self.slots;
-            ordered.insert(slot, service, |slot| &slots.entry(slot).key);
+            ordered.insert(slot, service, |slot| slots.entry(slot).key.as_bytes());
         }
         self.count_service(service, 1);
         slot
@@ -1566,7 +1572,7 @@ impl Shard {
         if ctx.journal.is_some() {
             self.pending_records.push(match kind {
                 EventKind::Expired => Record::Expired {
-                    key: entry.key.clone(),
+                    key: entry.key.to_key(),
                     at_unix_ms,
                     last_heartbeat_unix_ms: entry.last_heartbeat_unix_ms(),
                 },
@@ -1574,7 +1580,7 @@ impl Shard {
                 | EventKind::Registered
                 | EventKind::GuardEngaged
                 | EventKind::GuardReleased => Record::Deleted {
-                    key: entry.key.clone(),
+                    key: entry.key.to_key(),
                     at_unix_ms,
                 },
             });
@@ -1601,7 +1607,7 @@ impl Shard {
                     self.unlisted_services.push(service);
                 }
             } else {
-                ordered.remove(slot, service, |slot| &slots.entry(slot).key);
+                ordered.remove(slot, service, |slot| slots.entry(slot).key.as_bytes());
             }
         }
         let entry = if unlist_later {
@@ -1609,7 +1615,7 @@ impl Shard {
         } else {
             self.slots.remove(slot)
         };
-        let hash = ctx.hash(&entry.key);
+        let hash = ctx.hash_bytes(entry.key.as_bytes());
         if self.removing_in_bulk {
             // Freed in `finish_mass_removal`, with the table element.
             self.table_removals.push((hash, slot));
@@ -1623,14 +1629,16 @@ impl Shard {
 
     /// Puts an expired key on the expired list.
     fn add_to_expired_list(&mut self, entry: Entry, hash: KeyHash, expired_unix_ms: u64) {
+        let last_heartbeat_unix_ms = entry.last_heartbeat_unix_ms();
+        let (key, meta) = entry.key.into_parts();
         let record = ExpiredRecord {
             service: entry.service,
-            last_heartbeat_unix_ms: entry.last_heartbeat_unix_ms(),
-            meta: entry.meta,
+            last_heartbeat_unix_ms,
+            meta,
             expired_unix_ms,
         };
         // The key was alive: its registration took any earlier record off.
-        self.expired.record_first(entry.key, hash, record);
+        self.expired.record_first(key, hash, record);
     }
 
     /// Queues the log record of the key in `slot`'s whole state (when a journal is attached).
@@ -1644,9 +1652,9 @@ impl Shard {
     /// Everything durable about `entry` (see `persist::record::KeyState`).
     fn durable_state(&self, entry: &Entry, ctx: &Ctx<'_>) -> DurableKey {
         DurableKey {
-            key: entry.key.clone(),
+            key: entry.key.to_key(),
             service: ctx.services.name(entry.service),
-            meta: entry.meta.clone(),
+            meta: entry.key.meta().cloned(),
             expiry: entry.expiry(ctx),
             registered_unix_ms: entry.registered_unix_ms(),
             last_heartbeat_unix_ms: entry.last_heartbeat_unix_ms(),
@@ -1747,7 +1755,7 @@ impl Shard {
         self.flush_unlisting_to_search();
         if let Some(ordered) = &mut self.ordered {
             let slots = &self.slots;
-            let key_of = |slot| &slots.entry(slot).key;
+            let key_of = |slot| slots.entry(slot).key.as_bytes();
             ordered.remove(slot, old, key_of);
             ordered.insert(slot, service, key_of);
         }
@@ -1769,9 +1777,9 @@ impl Shard {
     fn view_of(&self, slot: SlotId) -> EntryView {
         let entry = self.slots.entry(slot);
         EntryView {
-            key: entry.key.clone(),
+            key: entry.key.to_key(),
             service: entry.service,
-            meta: entry.meta.clone(),
+            meta: entry.key.meta().cloned(),
             ttl_ms: entry.ttl(),
             deadline_ms: entry.deadline(),
             registered_unix_ms: entry.registered_unix_ms(),
@@ -1810,9 +1818,9 @@ fn event_of(kind: EventKind, entry: &Entry, ctx: &Ctx<'_>, now_ms: u64) -> Event
     };
     Event {
         kind,
-        key: entry.key.clone(),
+        key: entry.key.to_key(),
         service: ctx.services.name(entry.service),
-        meta: entry.meta.clone(),
+        meta: entry.key.meta().cloned(),
         ttl_ms: entry.ttl(),
         registered_at_ms: entry.registered_unix_ms(),
         last_heartbeat_at_ms: entry.last_heartbeat_unix_ms(),

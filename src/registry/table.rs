@@ -65,12 +65,18 @@ pub(super) struct KeyHash(pub u64);
 
 impl KeyHash {
     pub fn of(hasher: &RandomState, key: &Key) -> Self {
-        Self::of_str(hasher, key.as_str())
+        Self::of_bytes(hasher, key.as_bytes())
     }
 
     /// The hash of a key not yet validated as a [`Key`] (for `Registry::warm`, which reads a
     /// batch's keys before they are applied): the same hash the key gets once it is one.
     pub fn of_str(hasher: &RandomState, key: &str) -> Self {
+        Self::of_bytes(hasher, key.as_bytes())
+    }
+
+    /// The hash of a key's bytes, which every other form of a key hashes through (an entry
+    /// keeps some keys as bytes: `shard::entry_key`).
+    pub fn of_bytes(hasher: &RandomState, key: &[u8]) -> Self {
         Self(hasher.hash_one(key))
     }
 

@@ -17,7 +17,15 @@ use ttlwheel::registry::{ExpireAt, ExpireCondition, ExpireOutcome, KeyState};
 use crate::{key_of, Harness, UNIX_AT_EPOCH};
 
 const MAX_TTL_S: u32 = 3;
-const KEYS: [&str; 5] = ["a", "b", "c", "d", "e"];
+/// One key of each length an entry keeps in its own way (`shard::entry_key`): inline in the key
+/// (up to 24 bytes), inline in the entry (25 to 30), allocated (longer).
+const KEYS: [&str; 5] = [
+    "a",
+    "b",
+    "svc-042/instance-0000000042",
+    "d",
+    "svc-042/instance-0000000042/long",
+];
 /// Wheel TTLs (whole seconds up to 3 s) and heap TTLs (everything else).
 const TTLS_MS: [u64; 7] = [1_000, 2_000, 3_000, 4_000, 1, 250, 1_500];
 

@@ -264,7 +264,7 @@ impl Shard {
                 continue;
             };
             out.push(CheckpointItem {
-                key: self.slots.entry(slot).key.clone(),
+                key: self.slots.entry(slot).key.to_key(),
                 generation: self.generation(slot),
                 remaining_ms,
             });
@@ -283,7 +283,7 @@ impl Shard {
     /// Up to `max` keys whose expiry is to be proposed, with their generations, into `out`.
     pub(in crate::registry) fn expiring_keys(&self, max: usize, out: &mut Vec<(Key, u32)>) {
         for &slot in self.expiring.iter().take(max) {
-            out.push((self.slots.entry(slot).key.clone(), self.generation(slot)));
+            out.push((self.slots.entry(slot).key.to_key(), self.generation(slot)));
         }
     }
 

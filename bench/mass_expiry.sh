@@ -15,6 +15,8 @@
 #
 # Usage: bash bench/mass_expiry.sh     KEYS=1000000 TTL=8s ROUNDS=2 SERVER=<binary>
 #        MODES="persistence ephemeral" (either or both) SERVER_ARGS="<more server flags>"
+#        PREFIX=mx- (each key is PREFIX and a number: `PREFIX=svc-042/instance-0000` makes
+#        names of 22 to 27 bytes, most of them 27, as fleets name instances)
 # The server binds 127.0.0.1 only and is stopped by PID. Results: target/bench-mass-expiry/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +24,7 @@ source bench/lib.sh
 
 KEYS=${KEYS:-1000000}
 TTL=${TTL:-8s}
+PREFIX=${PREFIX:-mx-}
 ROUNDS=${ROUNDS:-2}
 OUT=$PWD/target/bench-mass-expiry
 TARGET=127.0.0.1:17981
@@ -64,7 +67,7 @@ run() { # label, then server flags
   shift
   # shellcheck disable=SC2086
   serve --expiry-guard off "$@" ${SERVER_ARGS:-}
-  "$LOAD" --target "$TARGET" batch --prefix mx- --keys "$KEYS" --connections 4 --batch 1000 \
+  "$LOAD" --target "$TARGET" batch --prefix "$PREFIX" --keys "$KEYS" --connections 4 --batch 1000 \
     --ttl "$TTL" --duration 0s --warmup 0s >"$OUT/register-$label.log" 2>&1
   scrape "$OUT/before.txt"
   local cpu_before

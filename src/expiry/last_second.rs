@@ -18,11 +18,22 @@
 //! `len` counts those elements. A group's elements are never early: an element of group `g`
 //! is only returned once `(t - 1) * 1000 + g + 1 <= now`.
 //!
-//! Like the wheel it is pure (given times, never reads a clock) and knows nothing of keys: the
-//! owner checks each element it gets back against the key's current timer, since a key renewed
-//! during its last second leaves its element behind (stale), as in the wheel.
+//! Like the wheel it is pure (given times, never reads a clock) and knows nothing of keys: it
+//! holds whatever element the owner gives it (the shard: a slot and its position in the
+//! detached bucket), and the owner checks each element it gets back against the key's current
+//! timer, since a key renewed during its last second leaves its element behind (stale), as in
+//! the wheel. The owner hands elements over from the bucket without reading the keys, stale
+//! ones too.
 
 use super::wheel::{SlotId, Tick};
+
+/// A wheel element handed over to the last second: the slot, and the position it had in the
+/// detached bucket, which the slot's timer still records while this element is its current one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HandedOver {
+    pub slot: SlotId,
+    pub pos: u32,
+}
 
 /// Milliseconds in a tick, one group each.
 pub const GROUPS: usize = 1000;
@@ -31,12 +42,12 @@ const WORDS: usize = GROUPS.div_ceil(64);
 /// processed; smaller ones keep their capacity for the next second.
 const KEEP_CAPACITY: usize = 1024;
 
-/// One tick's keys in their last second, by millisecond.
+/// One tick's elements in their last second, by millisecond.
 #[derive(Debug)]
-pub struct LastSecond {
+pub struct LastSecond<T> {
     /// The tick whose keys it holds; meaningful while `len > 0`.
     tick: Tick,
-    groups: Box<[Vec<SlotId>]>,
+    groups: Box<[Vec<T>]>,
     /// Bit `g`: group `g` has unprocessed elements (lets the next due millisecond be found
     /// without walking 1,000 groups).
     nonempty: [u64; WORDS],
@@ -47,7 +58,7 @@ pub struct LastSecond {
     len: usize,
 }
 
-impl Default for LastSecond {
+impl<T> Default for LastSecond<T> {
     fn default() -> Self {
         Self {
             tick: 0,
@@ -60,7 +71,7 @@ impl Default for LastSecond {
     }
 }
 
-impl LastSecond {
+impl<T: Copy> LastSecond<T> {
     /// Starts taking the keys of `tick`. The previous tick's keys must all have been taken out.
     pub fn begin(&mut self, tick: Tick) {
         debug_assert_eq!(self.len, 0, "tick {} still has keys", self.tick);
@@ -83,9 +94,10 @@ impl LastSecond {
         self.len == 0
     }
 
-    /// Adds `slot`, whose deadline `deadline_ms` is at most the tick's end, to its millisecond.
-    /// Every key is added before any is taken out (the hand-over precedes the expiries).
-    pub fn push(&mut self, deadline_ms: u64, slot: SlotId) {
+    /// Adds `element`, whose deadline `deadline_ms` is at most the tick's end, to its
+    /// millisecond. Every element is added before any is taken out (the hand-over precedes the
+    /// expiries).
+    pub fn push(&mut self, deadline_ms: u64, element: T) {
         let start_ms = self.start_ms();
         debug_assert!(
             deadline_ms <= start_ms + GROUPS as u64,
@@ -98,7 +110,7 @@ impl LastSecond {
         );
         // A deadline before the second (the sweeper was late) goes to the first group.
         let group = (deadline_ms.saturating_sub(start_ms + 1) as usize).min(GROUPS - 1);
-        self.groups[group].push(slot);
+        self.groups[group].push(element);
         self.nonempty[group / 64] |= 1 << (group % 64);
         self.len += 1;
     }
@@ -111,7 +123,7 @@ impl LastSecond {
 
     /// Appends to `out` up to `max` elements whose millisecond has come at `now_ms`, in
     /// millisecond order, and marks them processed. Returns how many.
-    pub fn take_due(&mut self, now_ms: u64, max: usize, out: &mut Vec<SlotId>) -> usize {
+    pub fn take_due(&mut self, now_ms: u64, max: usize, out: &mut Vec<T>) -> usize {
         let mut taken = 0;
         while taken < max {
             let Some(group) = self.first_nonempty() else {
@@ -137,7 +149,7 @@ impl LastSecond {
     }
 
     /// Every unprocessed element (for the owner's invariant checks).
-    pub fn unprocessed(&self) -> impl Iterator<Item = SlotId> + '_ {
+    pub fn unprocessed(&self) -> impl Iterator<Item = T> + '_ {
         self.groups
             .iter()
             .enumerate()
@@ -195,7 +207,7 @@ impl LastSecond {
 mod tests {
     use super::*;
 
-    fn taken(last: &mut LastSecond, now_ms: u64, max: usize) -> Vec<SlotId> {
+    fn taken(last: &mut LastSecond<SlotId>, now_ms: u64, max: usize) -> Vec<SlotId> {
         let mut out = Vec::new();
         last.take_due(now_ms, max, &mut out);
         last.check_invariants();
@@ -204,7 +216,7 @@ mod tests {
 
     #[test]
     fn keys_come_out_in_their_millisecond_never_before() {
-        let mut last = LastSecond::default();
+        let mut last = LastSecond::<SlotId>::default();
         last.begin(5); // deadlines 4001..=5000
         last.push(4_500, 1);
         last.push(4_001, 2);
@@ -224,7 +236,7 @@ mod tests {
 
     #[test]
     fn a_budget_stops_mid_group_and_goes_on_from_there() {
-        let mut last = LastSecond::default();
+        let mut last = LastSecond::<SlotId>::default();
         last.begin(2);
         for slot in 0..10 {
             last.push(1_700, slot);
@@ -239,7 +251,7 @@ mod tests {
 
     #[test]
     fn a_deadline_before_the_second_goes_to_its_first_millisecond() {
-        let mut last = LastSecond::default();
+        let mut last = LastSecond::<SlotId>::default();
         last.begin(3);
         last.push(2_600, 1);
         last.push(1_200, 2);
@@ -250,7 +262,7 @@ mod tests {
 
     #[test]
     fn the_next_tick_starts_clean() {
-        let mut last = LastSecond::default();
+        let mut last = LastSecond::<SlotId>::default();
         last.begin(7);
         last.push(7_000, 1);
         assert_eq!(taken(&mut last, 7_000, 10), vec![1]);
@@ -262,7 +274,7 @@ mod tests {
 
     #[test]
     fn a_mass_expiry_group_gives_its_memory_back() {
-        let mut last = LastSecond::default();
+        let mut last = LastSecond::<SlotId>::default();
         last.begin(1);
         for slot in 0..10_000 {
             last.push(500, slot);

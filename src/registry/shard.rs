@@ -3,19 +3,23 @@
 //! key once (`table::KeyHash`): the hash picked this shard and probes its table.
 //!
 //! Keeping a key's entry and its timer under the same lock is what makes a renewal one short
-//! critical section on this shard, and what lets the sweeper trust the entries: a slot it
-//! finds in a detached bucket is expired only if that slot's entry still says it is scheduled
-//! at that tick.
+//! critical section on this shard, and what lets the sweeper trust the entries: an element it
+//! takes from a detached bucket is expired only if that slot's entry still says it is scheduled
+//! at that tick and position. The sweeper hands a detached bucket's elements over to the last
+//! second by the deadline each carries, without reading the entries; a key keeps its timer
+//! (tick, position) until its element comes due or goes stale.
 //!
 //! Invariants, all checked by [`Shard::check_invariants`] (the model and concurrency tests run
 //! it after every step, through `Registry::check_invariants`):
 //! - the key table holds exactly one element per entry, and finds each entry's key at the
 //!   entry's slot (`table::KeyTable::check_invariants`);
-//! - an entry's [`TimerRef`] says where its deadline lives: a wheel tick (and its position in that
-//!   bucket while the wheel still holds the tick), the heap, or nowhere (persistent);
-//!   a slot is current in at most one wheel bucket and at most once in the heap;
-//! - a slot id in a bucket whose entry is gone, or is scheduled at another tick, is stale and
-//!   skipped by the sweeper; `n_stale` counts them (see `Shard::unschedule`);
+//! - an entry's [`TimerRef`] says where its deadline lives: a wheel tick and its position in that
+//!   bucket (once the bucket is detached: in its unprocessed part, or handed over to the last
+//!   second with that position), the heap, or nowhere (persistent); a slot is current in at
+//!   most one wheel bucket and at most once in the heap; a current wheel element carries its
+//!   key's deadline (see `expiry::wheel::Element`);
+//! - a bucket's element whose entry is gone, or is scheduled at another tick or position, is
+//!   stale and skipped by the sweeper; `n_stale` counts them (see `Shard::unschedule`);
 //! - `ordered` holds exactly the alive keys (unless listing is off, or deferred during a
 //!   recovery), and the ids of `unlisted_later`, which `slots` holds unused until the listing
 //!   lets go of them; `alive_by_service[s]` counts the alive keys per service;
@@ -34,8 +38,8 @@ use super::{Ctx, ExpireCondition, ExpireOutcome, KeyState, RegistryError};
 use crate::clock::Now;
 use crate::events::{Event, EventKind};
 use crate::expiry::heap::DeadlineHeap;
-use crate::expiry::last_second::LastSecond;
-use crate::expiry::wheel::{SlotId, Tick, TimingWheel};
+use crate::expiry::last_second::{HandedOver, LastSecond};
+use crate::expiry::wheel::{Element, SlotId, Tick, TimingWheel};
 use crate::expiry::TimerKind;
 use crate::persist::journal::Lsn;
 use crate::persist::record::{ExpiredState, Expiry, KeyState as DurableKey, Record};
@@ -98,14 +102,6 @@ impl TimerRef {
     /// The tick of a key whose expiry is to be proposed (its `pos` is its place in the
     /// expiring list).
     const EXPIRING_TICK: Tick = Tick::MAX - 3;
-
-    /// The `pos` of a wheel key whose element is in the last second's groups (its tick was
-    /// detached and handed over): no bucket position is this large.
-    const LAST_SECOND_POS: u32 = u32::MAX;
-
-    fn last_second(tick: Tick) -> Self {
-        Self::wheel(tick, Self::LAST_SECOND_POS)
-    }
 
     fn held(pos: u32) -> Self {
         Self {
@@ -319,9 +315,9 @@ pub(super) struct Shard {
     /// (`Event::log_id`); `None` outside an apply.
     log_stamp: Option<u64>,
     /// The detached tick's keys in their last second, by millisecond.
-    last: LastSecond,
+    last: LastSecond<HandedOver>,
     /// Reused buffer for the due elements of the last second.
-    scratch: Vec<SlotId>,
+    scratch: Vec<HandedOver>,
     /// Alive keys in order; `None` when listing is disabled (benchmarks of the bare engine)
     /// or deferred.
     ordered: Option<OrderedIndex>,
@@ -651,23 +647,25 @@ impl Shard {
     }
 
     /// Detaches the wheel's next bucket in O(1), when the second its deadlines fall in begins;
-    /// the sweeper then hands its slots over with [`Self::hand_over`].
-    pub fn detach_next_bucket(&mut self) -> (Tick, Vec<SlotId>) {
+    /// the sweeper then hands its elements over with [`Self::hand_over`].
+    pub fn detach_next_bucket(&mut self) -> (Tick, Vec<Element>) {
         debug_assert!(self.last.is_empty(), "the previous tick is not done");
-        let (tick, slots) = self.wheel.detach_next();
+        let (tick, elements) = self.wheel.detach_next();
         self.last.begin(tick);
-        (tick, slots)
+        (tick, elements)
     }
 
-    /// Hands the slots of the detached bucket of `tick` that are still scheduled there (found
-    /// at positions `first_pos..` of it) to the last second's millisecond groups. A slot
-    /// renewed or removed since is stale and dropped; one filed at the horizon while the
-    /// sweeper was behind is filed again where it belongs; one already due (the sweeper is
-    /// late) is expired at once. Returns how many keys expired.
+    /// Hands the elements of the detached bucket of `tick` (found at positions `first_pos..`
+    /// of it) to the last second's millisecond groups, by the deadline each carries, without
+    /// reading the keys: a stale element (of a key renewed, moved to the heap, persisted or
+    /// removed since, or of a reused slot) is dropped when its millisecond comes. An element
+    /// whose deadline is past the tick (filed at the horizon while the sweeper was behind) or
+    /// already due (the sweeper is late) is settled now, by its key: filed again where it
+    /// belongs, or expired. Returns how many keys expired.
     pub fn hand_over(
         &mut self,
         tick: Tick,
-        slots: &[SlotId],
+        elements: &[Element],
         first_pos: usize,
         ctx: &Ctx<'_>,
         now: Now,
@@ -677,36 +675,52 @@ impl Shard {
         let mut n_expired = 0;
         // A sweeper that reaches the tick after its second expires each key it hands over.
         let late = tick_end_ms <= now_ms;
-        let removals = if late { slots.len() } else { 0 };
+        let removals = if late { elements.len() } else { 0 };
         self.begin_mass_removal(removals, removals, ctx);
-        for (pos, &slot) in (first_pos..).zip(slots) {
-            let current = self.slots.get(slot).filter(|entry| {
-                entry.timer.get()
-                    == (Timer::Wheel {
-                        tick,
-                        pos: pos as u32,
-                    })
-            });
-            let Some(entry) = current else {
-                // Stale: renewed, moved to the heap, persisted, removed, or a reused slot.
-                self.drop_stale();
-                continue;
-            };
-            let deadline_ms = entry.deadline_ms();
-            if deadline_ms > tick_end_ms {
-                // Filed at the horizon because the sweeper was behind (see `TimingWheel::clamp`):
-                // not due in this second, so file it again where it belongs.
-                self.consume_wheel_element(slot);
-                self.schedule(slot, Some(TimerKind::Wheel), deadline_ms);
-            } else if deadline_ms <= now_ms {
-                n_expired += self.expire_wheel_key(slot, ctx, now_ms);
-            } else {
-                self.slots.entry_mut(slot).timer = TimerRef::last_second(tick);
-                self.last.push(deadline_ms, slot);
+        for (pos, &element) in (first_pos..).zip(elements) {
+            let (slot, pos) = (element.slot(), pos as u32);
+            match element.deadline_ms(tick) {
+                Some(deadline_ms) if deadline_ms > now_ms => {
+                    self.last.push(deadline_ms, HandedOver { slot, pos });
+                }
+                _ => n_expired += self.hand_over_by_key(tick, slot, pos, ctx, now_ms),
             }
         }
         self.finish_mass_removal(ctx);
         n_expired
+    }
+
+    /// [`Self::hand_over`] of an element that needs its key: past the tick or already due.
+    /// Returns 1 if the key expired.
+    fn hand_over_by_key(
+        &mut self,
+        tick: Tick,
+        slot: SlotId,
+        pos: u32,
+        ctx: &Ctx<'_>,
+        now_ms: u64,
+    ) -> usize {
+        let current = self
+            .slots
+            .get(slot)
+            .filter(|entry| entry.timer == TimerRef::wheel(tick, pos));
+        let Some(entry) = current else {
+            self.drop_stale();
+            return 0;
+        };
+        let deadline_ms = entry.deadline_ms();
+        if deadline_ms > u64::from(tick) * 1000 {
+            // Filed at the horizon because the sweeper was behind (see `TimingWheel::clamp`):
+            // not due in this second, so file it again where it belongs.
+            self.consume_wheel_element(slot);
+            self.schedule(slot, Some(TimerKind::Wheel), deadline_ms);
+            0
+        } else if deadline_ms <= now_ms {
+            self.expire_wheel_key(slot, ctx, now_ms)
+        } else {
+            self.last.push(deadline_ms, HandedOver { slot, pos });
+            0
+        }
     }
 
     /// Expires (or, while the guard holds, holds) up to `max` keys of the last second whose
@@ -732,11 +746,9 @@ impl Shard {
         };
         self.begin_mass_removal(due.len(), coming, ctx);
         let mut n_expired = 0;
-        for &slot in &due {
-            let current = self
-                .slots
-                .get(slot)
-                .is_some_and(|entry| entry.timer == TimerRef::last_second(tick));
+        for &HandedOver { slot, pos } in &due {
+            let current = (self.slots.get(slot))
+                .is_some_and(|entry| entry.timer == TimerRef::wheel(tick, pos));
             if current {
                 n_expired += self.expire_wheel_key(slot, ctx, now_ms);
             } else {
@@ -1200,7 +1212,7 @@ impl Shard {
     /// O(keys + wheel elements): for tests, which call it after every step.
     pub fn check_invariants(
         &self,
-        detached: Option<(Tick, &[SlotId], usize)>,
+        detached: Option<(Tick, &[Element], usize)>,
         hasher: &RandomState,
     ) {
         self.slots.check_invariants();
@@ -1216,9 +1228,9 @@ impl Shard {
         let mut n_live = 0;
         let (mut n_wheel, mut n_heap) = (0, 0);
         let mut by_service: Vec<u32> = Vec::new();
-        let mut last_second: HashMap<SlotId, usize> = HashMap::new();
-        for slot in self.last.unprocessed() {
-            *last_second.entry(slot).or_default() += 1;
+        let mut last_second: HashMap<(SlotId, u32), usize> = HashMap::new();
+        for HandedOver { slot, pos } in self.last.unprocessed() {
+            *last_second.entry((slot, pos)).or_default() += 1;
         }
         for (slot, entry) in self.slots.iter() {
             n_live += 1;
@@ -1321,8 +1333,8 @@ impl Shard {
                 .bucket(tick)
                 .iter()
                 .enumerate()
-                .filter(|&(pos, &slot)| {
-                    self.slots.get(slot).is_some_and(|entry| {
+                .filter(|&(pos, element)| {
+                    self.slots.get(element.slot()).is_some_and(|entry| {
                         entry.timer.get()
                             == (Timer::Wheel {
                                 tick,
@@ -1375,46 +1387,52 @@ impl Shard {
 
     /// A wheel entry's element is where its timer says: in a bucket the wheel holds, in the
     /// part of the bucket the sweeper detached that it has not handed over yet, or once in the
-    /// last second's unprocessed groups; and its tick fits its deadline.
+    /// last second's unprocessed groups; a bucket's element carries the key's deadline; and its
+    /// tick fits its deadline.
     fn check_wheel_entry(
         &self,
         slot: SlotId,
         entry: &Entry,
         tick: Tick,
         pos: u32,
-        detached: Option<(Tick, &[SlotId], usize)>,
-        last_second: &HashMap<SlotId, usize>,
+        detached: Option<(Tick, &[Element], usize)>,
+        last_second: &HashMap<(SlotId, u32), usize>,
     ) {
         self.check_timer_kind(entry, TimerKind::Wheel);
         let key = &entry.key;
-        if self.wheel.holds(tick) {
+        let in_bucket = if self.wheel.holds(tick) {
+            Some(self.wheel.bucket(tick))
+        } else {
+            detached
+                .filter(|&(swept, _, offset)| swept == tick && pos as usize >= offset)
+                .map(|(_, bucket, _)| bucket)
+        };
+        if let Some(bucket) = in_bucket {
+            let element = bucket.get(pos as usize).copied();
             assert_eq!(
-                self.wheel.bucket(tick).get(pos as usize),
-                Some(&slot),
+                element.map(Element::slot),
+                Some(slot),
                 "{key}'s wheel position ({tick}, {pos})"
             );
-        } else if pos == TimerRef::LAST_SECOND_POS {
+            assert_eq!(
+                element,
+                Some(Element::new(tick, slot, entry.deadline_ms())),
+                "{key}'s element carries its deadline"
+            );
+        } else {
             assert_eq!(
                 tick,
                 self.last.tick(),
-                "{key} is in another tick's last second"
+                "{key} is filed at tick {tick}, already swept, not in its last second"
             );
             assert_eq!(
-                last_second.get(&slot),
+                last_second.get(&(slot, pos)),
                 Some(&1),
                 "{key}'s element in the last second"
             );
             assert!(
                 entry.deadline_ms() <= u64::from(tick) * 1000,
                 "{key} is in the last second of {tick}, past its deadline's"
-            );
-        } else {
-            let (swept, bucket, offset) = detached
-                .filter(|(swept, _, _)| *swept == tick)
-                .unwrap_or_else(|| panic!("{key} is filed at tick {tick}, already swept"));
-            assert!(
-                pos as usize >= offset && bucket.get(pos as usize) == Some(&slot),
-                "{key}'s element in the detached bucket of {swept}"
             );
         }
         // Filed in its deadline's tick; earlier only at the horizon (re-filed when that comes
@@ -1444,7 +1462,7 @@ impl Shard {
 
     /// `n_stale` counts exactly the wheel elements (held, detached and not yet handed over, or
     /// in the last second and not yet processed) that are not their slot's current element.
-    fn check_stale_count(&self, detached: Option<(Tick, &[SlotId], usize)>) {
+    fn check_stale_count(&self, detached: Option<(Tick, &[Element], usize)>) {
         let is_current = |tick: Tick, pos: usize, slot: SlotId| {
             self.slots.get(slot).is_some_and(|entry| {
                 entry.timer.get()
@@ -1459,20 +1477,18 @@ impl Shard {
             bucket
                 .iter()
                 .enumerate()
-                .map(move |(pos, &slot)| (tick, pos, slot))
+                .map(move |(pos, element)| (tick, pos, element.slot()))
         });
         let unprocessed = detached.into_iter().flat_map(|(tick, bucket, offset)| {
             bucket
                 .iter()
                 .enumerate()
                 .skip(offset)
-                .map(move |(pos, &slot)| (tick, pos, slot))
+                .map(move |(pos, element)| (tick, pos, element.slot()))
         });
         let last_tick = self.last.tick();
-        let last_second = self
-            .last
-            .unprocessed()
-            .map(|slot| (last_tick, TimerRef::LAST_SECOND_POS as usize, slot));
+        let last_second = (self.last.unprocessed())
+            .map(|HandedOver { slot, pos }| (last_tick, pos as usize, slot));
         let n_stale = held
             .chain(unprocessed)
             .chain(last_second)
@@ -1668,11 +1684,14 @@ impl Shard {
         let next = match timer {
             Some(TimerKind::Wheel) => {
                 let tick = self.wheel.clamp(TimingWheel::tick_of(deadline_ms));
-                if matches!(current, Timer::Wheel { tick: at, .. } if at == tick) {
-                    return;
+                if let Timer::Wheel { tick: at, pos } = current {
+                    if at == tick {
+                        self.wheel.refile(tick, pos, deadline_ms);
+                        return;
+                    }
                 }
                 self.unschedule(slot);
-                TimerRef::wheel(tick, self.wheel.insert(tick, slot))
+                TimerRef::wheel(tick, self.wheel.insert(tick, slot, deadline_ms))
             }
             Some(TimerKind::Heap) => {
                 if current != Timer::Heap {

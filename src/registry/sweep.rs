@@ -4,8 +4,8 @@
 //!
 //! A wheel tick is swept in three phases. When the second its deadlines fall in begins, its
 //! bucket is detached from every shard in O(1) (under the sweep lock, so the shards advance in
-//! lockstep); the detached slots are then handed over to each shard's last-second groups (one
-//! per millisecond, `expiry::last_second`) chunk by chunk, one shard lock per chunk; and each
+//! lockstep); the detached elements are then handed over to each shard's last-second groups
+//! (one per millisecond, `expiry::last_second`) chunk by chunk, one shard lock per chunk; and each
 //! millisecond's keys expire when it comes due. A call that runs out of budget leaves the rest
 //! in [`SweepState`] for the next call; heartbeats go on in between.
 
@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::Registry;
 use crate::clock::Now;
-use crate::expiry::wheel::{SlotId, Tick};
+use crate::expiry::wheel::{Element, Tick};
 
 /// Slots a sweep handles per lock acquisition. Measured (`benches/expiry.rs`, evict/1M): about
 /// 0.5 ms per chunk with the listing structures, so a heartbeat to the same shard waits at most
@@ -35,8 +35,8 @@ pub struct SweepReport {
 /// The sweeper's progress through the tick in its last second.
 #[derive(Debug, Default)]
 pub(super) struct SweepState {
-    /// The detached buckets not yet fully handed over: `(shard index, slots, next offset)`.
-    pending: Vec<(usize, Vec<SlotId>, usize)>,
+    /// The detached buckets not yet fully handed over: `(shard index, elements, next offset)`.
+    pending: Vec<(usize, Vec<Element>, usize)>,
     /// The tick whose buckets are detached and whose keys are not all handled yet.
     in_flight: Option<Tick>,
 }

@@ -704,6 +704,56 @@ fn a_mass_expiry_spread_over_its_second_reads_the_listing_once() {
     assert_eq!(views.len(), 100);
 }
 
+/// A bucket's element carries its key's deadline, and the sweeper files it under that
+/// millisecond without reading the key. So: a stale element of a deleted key whose slot a new
+/// key reuses in the same tick must not expire the new key at the old deadline; a key whose
+/// deadline moves within its tick (a new TTL shortening it, a renewal lengthening it) expires
+/// at the deadline it has now, not the one its element was first filed with.
+#[test]
+fn elements_of_one_tick_expire_their_keys_at_the_deadline_the_key_has_now() {
+    let mut harness = Harness::with_config(ttlwheel::registry::RegistryConfig {
+        max_ttl_s: 10,
+        shards: 1, // one shard: the new key reuses the deleted key's slot
+        guard: ttlwheel::registry::GuardConfig::off(),
+        ..ttlwheel::registry::RegistryConfig::default()
+    });
+    harness.heartbeat("shortened", 3_000); // deadline 3000: tick 3
+    harness.stall(300);
+    harness.heartbeat("gone", 2_000); // deadline 2300: tick 3
+    harness.heartbeat("lengthened", 2_000); // deadline 2300: tick 3
+    assert!(!harness.heartbeat("shortened", 2_000).created); // a new TTL: deadline 2300
+    harness.stall(500);
+    assert!(harness
+        .registry
+        .delete(&key_of("gone"), harness.now())
+        .unwrap());
+    harness.heartbeat("reuser", 2_000); // deadline 2800: tick 3, reusing gone's slot
+    assert!(!harness.heartbeat("lengthened", 2_000).created); // deadline 2800
+    harness.registry.check_invariants();
+    assert_eq!(harness.drained_keys(EventKind::Deleted), ["gone"]);
+    harness.advance(1_499); // 2299: tick 3 handed over (its last second began at 2000)
+    harness.registry.check_invariants();
+    assert!(harness.drain().is_empty(), "nothing is due before 2300");
+    harness.advance(1); // 2300
+    assert_eq!(harness.drained_keys(EventKind::Expired), ["shortened"]);
+    harness.registry.check_invariants();
+    for _ in 2_301..2_800 {
+        harness.advance(1);
+        assert!(
+            harness.drain().is_empty(),
+            "a key expired early at {}",
+            harness.now_ms
+        );
+    }
+    harness.advance(1); // 2800
+    assert_eq!(
+        harness.drained_keys(EventKind::Expired),
+        ["lengthened", "reuser"]
+    );
+    assert_eq!(harness.registry.len(), 0);
+    harness.registry.check_invariants();
+}
+
 /// A mass expiry's keys leave the listing in one pass once enough of them wait for it
 /// (`Shard::flush_unlisting`). Meanwhile the invariants hold, and whatever comes first (a
 /// page, or a registration of one of those keys) finds the listing without them: a page lists

@@ -37,7 +37,7 @@ pub enum InvalidInput {
 /// A registered key: 1 to 256 bytes of UTF-8 without control characters.
 ///
 /// Stored inline (no allocation) up to 24 bytes, which is what keeps the per-key memory small
-/// (a registry entry keeps up to 30 inline: `registry::shard::entry_key`).
+/// (a registry entry keeps up to 30 inline: `registry::entry_key`).
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Key(CompactString);
 

@@ -42,6 +42,7 @@ use std::collections::{HashMap, VecDeque};
 
 use hashbrown::HashTable;
 
+use super::entry_key::EntryKey;
 use super::listing::ListFilter;
 use super::services::ServiceId;
 use super::table::KeyHash;
@@ -73,7 +74,8 @@ pub struct ExpiredRecord {
 /// A record in the queue.
 #[derive(Debug)]
 struct Logged {
-    key: Key,
+    /// Without metadata (that is the record's): a key of up to 30 bytes inline.
+    key: EntryKey,
     tag: u32,
     /// False once the key expired again or was registered: the table no longer points here.
     /// Always true in the tail (see the module documentation).
@@ -134,6 +136,12 @@ impl ExpiredLog {
     /// [`ExpiredLog::record`] for a key that has no current record: one that was alive until
     /// now (its registration took its earlier record off).
     pub fn record_first(&mut self, key: Key, hash: KeyHash, record: ExpiredRecord) {
+        self.record_expiry(EntryKey::from_owned(key, None), hash, record);
+    }
+
+    /// [`ExpiredLog::record_first`] of the key as its entry held it (without its metadata,
+    /// which `record` has): a key of up to 30 bytes moves in without an allocation.
+    pub fn record_expiry(&mut self, key: EntryKey, hash: KeyHash, record: ExpiredRecord) {
         if self.max_len == 0 {
             return;
         }
@@ -158,7 +166,9 @@ impl ExpiredLog {
         let first_seq = self.first_seq;
         for at in self.indexed..self.queue.len() {
             let tag = self.queue[at].tag;
-            self.supersede(tag, |queue, logged| logged.key == queue[at].key);
+            self.supersede(tag, |queue, logged| {
+                logged.key.as_bytes() == queue[at].key.as_bytes()
+            });
             let seq = first_seq.wrapping_add(at as u32);
             self.current
                 .insert_unique(table_hash(tag), Indexed { tag, seq }, |element| {
@@ -177,7 +187,7 @@ impl ExpiredLog {
     }
 
     /// Every current record, oldest first.
-    pub fn records(&mut self) -> impl Iterator<Item = (&Key, &ExpiredRecord)> {
+    pub fn records(&mut self) -> impl Iterator<Item = (&EntryKey, &ExpiredRecord)> {
         self.catch_up();
         self.queue
             .iter()
@@ -281,24 +291,24 @@ impl ExpiredLog {
     }
 
     /// The first `limit` current records matching `filter`, in key order.
-    pub fn page(&mut self, filter: &ListFilter, limit: usize) -> Vec<(&Key, &ExpiredRecord)> {
-        let after = filter.after.as_deref();
-        let prefix = filter.prefix.as_deref().unwrap_or("");
-        let mut matching: Vec<(&Key, &ExpiredRecord)> = self
+    pub fn page(&mut self, filter: &ListFilter, limit: usize) -> Vec<(&EntryKey, &ExpiredRecord)> {
+        let after = filter.after.as_deref().map(str::as_bytes);
+        let prefix = filter.prefix.as_deref().unwrap_or("").as_bytes();
+        let mut matching: Vec<(&EntryKey, &ExpiredRecord)> = self
             .records()
             .filter(|(key, record)| {
-                after.is_none_or(|after| key.as_str() > after)
-                    && key.as_str().starts_with(prefix)
+                after.is_none_or(|after| key.as_bytes() > after)
+                    && key.as_bytes().starts_with(prefix)
                     && filter
                         .service
                         .is_none_or(|service| record.service == service)
             })
             .collect();
         if matching.len() > limit && limit > 0 {
-            matching.select_nth_unstable_by(limit - 1, |a, b| a.0.cmp(b.0));
+            matching.select_nth_unstable_by(limit - 1, |a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
         }
         matching.truncate(limit);
-        matching.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        matching.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
         matching
     }
 
@@ -328,7 +338,12 @@ impl ExpiredLog {
         let mut current_keys = std::collections::HashSet::new();
         let mut keys_with_records = std::collections::HashSet::new();
         for (at, logged) in self.queue.iter().enumerate() {
-            let key = &logged.key;
+            let key = &logged.key.to_key();
+            logged.key.check_form();
+            assert!(
+                logged.key.meta().is_none(),
+                "{key}'s record keeps metadata in its key"
+            );
             assert_eq!(
                 logged.tag,
                 hash_of(key).tag(),
@@ -342,7 +357,7 @@ impl ExpiredLog {
             }
             assert!(!is_alive(key), "{key} is both alive and listed as expired");
             *counts.entry(logged.record.service).or_default() += 1;
-            let another = !keys_with_records.insert(key);
+            let another = !keys_with_records.insert(key.clone());
             if at >= self.indexed {
                 assert!(
                     self.tail_may_supersede || !another,
@@ -350,7 +365,10 @@ impl ExpiredLog {
                 );
                 continue;
             }
-            assert!(current_keys.insert(key), "{key} has two current records");
+            assert!(
+                current_keys.insert(key.clone()),
+                "{key} has two current records"
+            );
             assert_eq!(
                 self.find(key, hash_of(key)),
                 Some(at),
@@ -386,7 +404,10 @@ impl ExpiredLog {
         let tag = hash.tag();
         self.current
             .find(table_hash(tag), |element| {
-                element.tag == tag && self.queue[position(element.seq, self.first_seq)].key == *key
+                element.tag == tag
+                    && self.queue[position(element.seq, self.first_seq)]
+                        .key
+                        .is(key)
             })
             .map(|element| position(element.seq, self.first_seq))
     }
@@ -543,6 +564,16 @@ mod tests {
         Read,
     }
 
+    /// Key `n` of the model: short ones, and ones of the length the log keeps inline in its
+    /// records (`EntryKey`'s middle form).
+    fn model_key(n: u8) -> Key {
+        let text = match n % 2 {
+            0 => format!("k{n}"),
+            _ => format!("svc-042/instance-{n:010}"),
+        };
+        Key::new(&text).unwrap()
+    }
+
     fn op() -> impl proptest::strategy::Strategy<Value = Op> {
         use proptest::prelude::*;
         prop_oneof![
@@ -586,7 +617,7 @@ mod tests {
                 match op {
                     Op::Record { key, service, dt, general } => {
                         now += u64::from(dt);
-                        let key = Key::new(&format!("k{key}")).unwrap();
+                        let key = model_key(key);
                         let record = ExpiredRecord {
                             service: ServiceId::from_index(u16::from(service)),
                             meta: None,
@@ -603,7 +634,7 @@ mod tests {
                         number += 1;
                     }
                     Op::Forget { key } => {
-                        let key = Key::new(&format!("k{key}")).unwrap();
+                        let key = model_key(key);
                         log.forget(key.as_bytes(), hash_of(&key));
                         model_map.remove(&key);
                     }

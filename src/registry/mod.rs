@@ -24,6 +24,7 @@
 //! (exactly one `expired` event either way).
 
 mod durable;
+mod entry_key;
 mod expired;
 pub mod guard;
 mod holding;

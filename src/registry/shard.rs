@@ -29,6 +29,7 @@
 
 use std::collections::HashMap;
 
+use super::entry_key::EntryKey;
 use super::expired::{ExpiredLog, ExpiredRecord};
 use super::listing::{ListFilter, OrderedIndex, SlotSet};
 use super::services::ServiceId;
@@ -46,11 +47,9 @@ use crate::persist::record::{ExpiredState, Expiry, KeyState as DurableKey, Recor
 use crate::types::{Key, Meta};
 use foldhash::fast::RandomState;
 
-mod entry_key;
 mod replicated;
 mod times;
 
-use entry_key::EntryKey;
 use times::Times;
 
 pub use replicated::CheckpointItem;
@@ -1014,7 +1013,7 @@ impl Shard {
     pub fn list_expired(&mut self, filter: &ListFilter, limit: usize) -> Vec<(Key, ExpiredRecord)> {
         let page = self.expired.page(filter, limit);
         page.into_iter()
-            .map(|(key, record)| (key.clone(), record.clone()))
+            .map(|(key, record)| (key.to_key(), record.clone()))
             .collect()
     }
 
@@ -1174,7 +1173,7 @@ impl Shard {
             .records()
             .map(|(key, record)| {
                 Record::ExpiredEntry(ExpiredState {
-                    key: key.clone(),
+                    key: key.to_key(),
                     service: ctx.services.name(record.service),
                     meta: record.meta.clone(),
                     last_heartbeat_unix_ms: record.last_heartbeat_unix_ms,
@@ -1646,7 +1645,7 @@ impl Shard {
     /// Puts an expired key on the expired list.
     fn add_to_expired_list(&mut self, entry: Entry, hash: KeyHash, expired_unix_ms: u64) {
         let last_heartbeat_unix_ms = entry.last_heartbeat_unix_ms();
-        let (key, meta) = entry.key.into_parts();
+        let (key, meta) = entry.key.without_meta();
         let record = ExpiredRecord {
             service: entry.service,
             last_heartbeat_unix_ms,
@@ -1654,7 +1653,7 @@ impl Shard {
             expired_unix_ms,
         };
         // The key was alive: its registration took any earlier record off.
-        self.expired.record_first(key, hash, record);
+        self.expired.record_expiry(key, hash, record);
     }
 
     /// Queues the log record of the key in `slot`'s whole state (when a journal is attached).

@@ -75,7 +75,7 @@ impl KeyHash {
     }
 
     /// The hash of a key's bytes, which every other form of a key hashes through (an entry
-    /// keeps some keys as bytes: `shard::entry_key`).
+    /// keeps some keys as bytes: `registry::entry_key`).
     pub fn of_bytes(hasher: &RandomState, key: &[u8]) -> Self {
         Self(hasher.hash_one(key))
     }

@@ -17,7 +17,7 @@ use ttlwheel::registry::{ExpireAt, ExpireCondition, ExpireOutcome, KeyState};
 use crate::{key_of, Harness, UNIX_AT_EPOCH};
 
 const MAX_TTL_S: u32 = 3;
-/// One key of each length an entry keeps in its own way (`shard::entry_key`): inline in the key
+/// One key of each length an entry keeps in its own way (`registry::entry_key`): inline in the key
 /// (up to 24 bytes), inline in the entry (25 to 30), allocated (longer).
 const KEYS: [&str; 5] = [
     "a",

@@ -97,6 +97,17 @@ impl EntryKey {
         }
     }
 
+    /// The key without its metadata, and the metadata.
+    pub fn without_meta(self) -> (Self, Option<Meta>) {
+        match self {
+            Self::WithMeta(boxed) => {
+                let (key, meta) = *boxed;
+                (Self::from_owned(key, None), Some(meta))
+            }
+            other => (other, None),
+        }
+    }
+
     pub fn meta(&self) -> Option<&Meta> {
         match self {
             Self::WithMeta(boxed) => Some(&boxed.1),
@@ -218,6 +229,22 @@ mod tests {
         assert!(matches!(entry_key, EntryKey::Mid { .. }));
         assert!(entry_key.meta().is_none());
         assert_eq!(entry_key.to_key(), key);
+    }
+
+    #[test]
+    fn a_key_leaves_its_metadata_in_the_form_it_has_without() {
+        for text in ["short", "svc-042/instance-0000000042", &"long".repeat(10)] {
+            let key = Key::new(text).unwrap();
+            let (bare, meta) = EntryKey::new(&key, Some(meta(r#"{"zone":"a"}"#))).without_meta();
+            bare.check_form();
+            assert!(bare.meta().is_none() && bare.is(&key), "{text}");
+            assert_eq!(
+                meta.as_ref().map(|meta| meta.raw().get()),
+                Some(r#"{"zone":"a"}"#)
+            );
+            let (same, none) = EntryKey::new(&key, None).without_meta();
+            assert!(same.is(&key) && none.is_none(), "{text}");
+        }
     }
 
     #[test]

@@ -10,6 +10,19 @@ use ttlwheel::types::{ServiceName, Ttl};
 
 use crate::{key_of, Harness, UNIX_AT_EPOCH};
 
+/// Advances 1 ms at a time, the sweeper running each time, to the millisecond before
+/// `until_ms`, checking that no event comes meanwhile (`what` names the keys waited for).
+fn step_quietly_until(harness: &mut Harness, until_ms: u64, what: &str) {
+    while harness.now_ms + 1 < until_ms {
+        harness.advance(1);
+        assert!(
+            harness.drain().is_empty(),
+            "{what}: an event at {} ms, before {until_ms}",
+            harness.now_ms
+        );
+    }
+}
+
 /// One key, one heartbeat at `start_ms` with `ttl_ms`; then the sweeper runs every millisecond.
 /// Checks the timer chosen and the exact millisecond the expiry event is published.
 fn check_expiry_time(
@@ -27,14 +40,7 @@ fn check_expiry_time(
         timer,
         "ttl {ttl_ms} ms"
     );
-    while harness.now_ms < expires_at_ms - 1 {
-        harness.advance(1);
-        assert!(
-            harness.drain().is_empty(),
-            "ttl {ttl_ms}: expired early at {} ms",
-            harness.now_ms
-        );
-    }
+    step_quietly_until(&mut harness, expires_at_ms, &format!("ttl {ttl_ms}"));
     harness.advance(1);
     let events = harness.drain();
     assert_eq!(
@@ -540,14 +546,7 @@ fn a_key_renewed_in_its_last_second_expires_at_its_new_deadline_only() {
     harness.advance(1); // 2400
     assert_eq!(harness.drained_keys(EventKind::Expired), ["other"]);
     harness.registry.check_invariants();
-    for _ in 2_401..4_100 {
-        harness.advance(1);
-        assert!(
-            harness.drain().is_empty(),
-            "k expired early at {}",
-            harness.now_ms
-        );
-    }
+    step_quietly_until(&mut harness, 4_100, "k, renewed");
     harness.advance(1); // 4100
     let events = harness.drain();
     assert_eq!(events.len(), 1);
@@ -737,14 +736,7 @@ fn elements_of_one_tick_expire_their_keys_at_the_deadline_the_key_has_now() {
     harness.advance(1); // 2300
     assert_eq!(harness.drained_keys(EventKind::Expired), ["shortened"]);
     harness.registry.check_invariants();
-    for _ in 2_301..2_800 {
-        harness.advance(1);
-        assert!(
-            harness.drain().is_empty(),
-            "a key expired early at {}",
-            harness.now_ms
-        );
-    }
+    step_quietly_until(&mut harness, 2_800, "reuser and lengthened");
     harness.advance(1); // 2800
     assert_eq!(
         harness.drained_keys(EventKind::Expired),

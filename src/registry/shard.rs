@@ -335,6 +335,12 @@ pub(super) struct Shard {
     /// that second, a step no longer leaves its keys to a pass for being part of a mass expiry
     /// (see [`UNLIST_MASS_EXPIRY`]).
     searched_in_second: Option<Tick>,
+    /// The detached tick's keys still to leave its second: its bucket's current elements when
+    /// it was detached (the wheel counts them), less those expired or filed again since. The
+    /// listing's per-second rule reads it: the bucket also holds the stale elements renewals
+    /// left, which the hand-over passes on unread, and a renewing fleet's stale elements are
+    /// not a mass expiry. An upper bound (a key renewed in its last second is still counted).
+    due_in_second: usize,
     /// Between [`Shard::begin_mass_removal`] and its end: the key table's removals wait in
     /// `table_removals`.
     removing_in_bulk: bool,
@@ -401,6 +407,7 @@ impl Shard {
             unlisting_in_bulk: false,
             expiry_continues: false,
             searched_in_second: None,
+            due_in_second: 0,
             unlisted_later: SlotSet::default(),
             unlisted_services: Vec::new(),
             removing_in_bulk: false,
@@ -649,6 +656,7 @@ impl Shard {
     /// the sweeper then hands its elements over with [`Self::hand_over`].
     pub fn detach_next_bucket(&mut self) -> (Tick, Vec<Element>) {
         debug_assert!(self.last.is_empty(), "the previous tick is not done");
+        self.due_in_second = self.wheel.live_count(self.wheel.swept_through() + 1) as usize;
         let (tick, elements) = self.wheel.detach_next();
         self.last.begin(tick);
         (tick, elements)
@@ -711,10 +719,12 @@ impl Shard {
         if deadline_ms > u64::from(tick) * 1000 {
             // Filed at the horizon because the sweeper was behind (see `TimingWheel::clamp`):
             // not due in this second, so file it again where it belongs.
+            self.due_in_second = self.due_in_second.saturating_sub(1);
             self.consume_wheel_element(slot);
             self.schedule(slot, Some(TimerKind::Wheel), deadline_ms);
             0
         } else if deadline_ms <= now_ms {
+            self.due_in_second = self.due_in_second.saturating_sub(1);
             self.expire_wheel_key(slot, ctx, now_ms)
         } else {
             self.last.push(deadline_ms, HandedOver { slot, pos });
@@ -737,11 +747,12 @@ impl Shard {
         let handled = self.last.take_due(now_ms, max, &mut due);
         // The listing's choice looks at the whole second's keys, not this step's: a mass
         // expiry's keys fall due over the second, and a ticker on time takes a millisecond's
-        // share each step, too few each for a pass but not in all.
+        // share each step, too few each for a pass but not in all. Its keys, not its elements:
+        // those of renewed keys are stale.
         let coming = if self.searched_in_second == Some(tick) {
             due.len()
         } else {
-            due.len() + self.last.len()
+            self.due_in_second.min(due.len() + self.last.len())
         };
         self.begin_mass_removal(due.len(), coming, ctx);
         let mut n_expired = 0;
@@ -749,6 +760,7 @@ impl Shard {
             let current = (self.slots.get(slot))
                 .is_some_and(|entry| entry.timer == TimerRef::wheel(tick, pos));
             if current {
+                self.due_in_second = self.due_in_second.saturating_sub(1);
                 n_expired += self.expire_wheel_key(slot, ctx, now_ms);
             } else {
                 self.drop_stale();

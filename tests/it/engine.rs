@@ -603,11 +603,14 @@ fn a_stale_last_second_element_of_a_reused_slot_or_a_moved_key_expires_nothing()
 /// second's keys are taken out at once. Either way each page lists exactly the alive keys.
 #[test]
 fn a_mass_expiry_spread_over_its_second_leaves_the_listing_to_one_pass() {
-    // (keys due in the second, a registration at that ms, whether keys wait before it, after)
-    for (short_keys, registers_at, waits_before, waits_after) in [
-        (400, None, true, true),
-        (100, None, false, false),
-        (400, Some(1_200), true, false),
+    // (keys due in the second, keys renewed out of it, a registration at that ms, whether keys
+    // wait before it, after). A renewed key leaves its element in the second's bucket, stale:
+    // 400 of them beside 100 keys due are not a mass expiry.
+    for (short_keys, renewed_keys, registers_at, waits_before, waits_after) in [
+        (400, 0, None, true, true),
+        (100, 0, None, false, false),
+        (400, 0, Some(1_200), true, false),
+        (100, 400, None, false, false),
     ] {
         let mut harness = Harness::with_config(RegistryConfig {
             max_ttl_s: 60,
@@ -625,6 +628,16 @@ fn a_mass_expiry_spread_over_its_second_leaves_the_listing_to_one_pass() {
             harness.heartbeat(&format!("short{n:03}"), 1_000);
             harness.advance(1);
         }
+        let renewed: Vec<String> = (0..renewed_keys)
+            .map(|n| format!("renewed{n:03}"))
+            .collect();
+        for key in &renewed {
+            harness.heartbeat(key, 1_000);
+        }
+        for key in &renewed {
+            harness.heartbeat(key, 60_000);
+        }
+        alive.extend(renewed);
         harness.advance(1_000 - harness.now_ms);
         let mut expired = 0;
         let (mut waited_before, mut waited_after) = (false, false);
@@ -647,8 +660,10 @@ fn a_mass_expiry_spread_over_its_second_leaves_the_listing_to_one_pass() {
             harness.registry.check_invariants();
         }
         assert_eq!(expired, short_keys as usize);
-        let case =
-            format!("{short_keys} keys due in the second, a registration at {registers_at:?}");
+        let case = format!(
+            "{short_keys} keys due in the second, {renewed_keys} renewed out of it, \
+             a registration at {registers_at:?}"
+        );
         assert_eq!(waited_before, waits_before, "{case}");
         if registers_at.is_some() {
             assert_eq!(waited_after, waits_after, "{case}");

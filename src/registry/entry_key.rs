@@ -14,14 +14,16 @@
 //! - `Plain`: any other key (inline up to 24 bytes, allocated beyond 30).
 //!
 //! A `Plain` key is handed out as it is; a `Mid` key is made a [`Key`] again when one is
-//! needed (an event, a listing page), which allocates as cloning it would have.
+//! needed (an event, a listing page), which allocates as cloning it would have. The expired
+//! log keeps its records' keys in this form too, without their metadata (`without_meta`), so
+//! an expiry moves its key from the entry to its record.
 
 use std::fmt;
 
 use crate::types::{Key, Meta};
 
 /// The longest key kept inline in the entry, in bytes.
-pub(super) const MID_MAX: usize = 30;
+const MID_MAX: usize = 30;
 
 /// The longest key [`Key`] keeps without allocating.
 const KEY_INLINE: usize = 24;
@@ -34,7 +36,7 @@ pub(super) enum EntryKey {
 }
 
 impl EntryKey {
-    /// The form for `key` with `meta`, copying `key` only where it must be allocated anew.
+    /// The form for `key` with `meta`: its bytes copied inline, or a clone of it.
     pub fn new(key: &Key, meta: Option<Meta>) -> Self {
         let raw = key.as_bytes();
         match meta {

@@ -10,6 +10,17 @@ use ttlwheel::types::{ServiceName, Ttl};
 
 use crate::{key_of, Harness, UNIX_AT_EPOCH};
 
+/// A harness of one shard (a new key reuses a freed slot, and a sweep step's share of the keys
+/// is the shard's), without the mass-expiry guard.
+fn one_shard(max_ttl_s: u32) -> Harness {
+    Harness::with_config(RegistryConfig {
+        max_ttl_s,
+        shards: 1,
+        guard: GuardConfig::off(),
+        ..RegistryConfig::default()
+    })
+}
+
 /// Advances 1 ms at a time, the sweeper running each time, to the millisecond before
 /// `until_ms`, checking that no event comes meanwhile (`what` names the keys waited for).
 fn step_quietly_until(harness: &mut Harness, until_ms: u64, what: &str) {
@@ -561,12 +572,7 @@ fn a_key_renewed_in_its_last_second_expires_at_its_new_deadline_only() {
 /// heap by EXPIRE in its last second expires at the heap deadline, once.
 #[test]
 fn a_stale_last_second_element_of_a_reused_slot_or_a_moved_key_expires_nothing() {
-    let mut harness = Harness::with_config(ttlwheel::registry::RegistryConfig {
-        max_ttl_s: 10,
-        shards: 1, // one shard: the new key reuses the deleted key's slot
-        guard: ttlwheel::registry::GuardConfig::off(),
-        ..ttlwheel::registry::RegistryConfig::default()
-    });
+    let mut harness = one_shard(10); // the new key reuses the deleted key's slot
     harness.heartbeat("gone", 1_000); // deadline 1000: tick 1, handed over at once
     harness.heartbeat("moved", 1_000);
     harness.advance(500);
@@ -612,12 +618,7 @@ fn a_mass_expiry_spread_over_its_second_leaves_the_listing_to_one_pass() {
         (400, 0, Some(1_200), true, false),
         (100, 400, None, false, false),
     ] {
-        let mut harness = Harness::with_config(RegistryConfig {
-            max_ttl_s: 60,
-            shards: 1,
-            guard: GuardConfig::off(),
-            ..RegistryConfig::default()
-        });
+        let mut harness = one_shard(60);
         let mut alive: Vec<String> = (0..10_000).map(|n| format!("long{n:05}")).collect();
         for key in &alive {
             harness.heartbeat(key, 60_000);
@@ -685,12 +686,7 @@ fn a_mass_expiry_spread_over_its_second_leaves_the_listing_to_one_pass() {
 /// its last step in the shard, not a pass at each eighth of the keys alive as they dwindle.
 #[test]
 fn a_mass_expiry_spread_over_its_second_reads_the_listing_once() {
-    let mut harness = Harness::with_config(RegistryConfig {
-        max_ttl_s: 60,
-        shards: 1,
-        guard: GuardConfig::off(),
-        ..RegistryConfig::default()
-    });
+    let mut harness = one_shard(60);
     for n in 0..100 {
         harness.heartbeat(&format!("long{n:03}"), 60_000);
     }
@@ -725,12 +721,7 @@ fn a_mass_expiry_spread_over_its_second_reads_the_listing_once() {
 /// at the deadline it has now, not the one its element was first filed with.
 #[test]
 fn elements_of_one_tick_expire_their_keys_at_the_deadline_the_key_has_now() {
-    let mut harness = Harness::with_config(ttlwheel::registry::RegistryConfig {
-        max_ttl_s: 10,
-        shards: 1, // one shard: the new key reuses the deleted key's slot
-        guard: ttlwheel::registry::GuardConfig::off(),
-        ..ttlwheel::registry::RegistryConfig::default()
-    });
+    let mut harness = one_shard(10); // the new key reuses the deleted key's slot
     harness.heartbeat("shortened", 3_000); // deadline 3000: tick 3
     harness.stall(300);
     harness.heartbeat("gone", 2_000); // deadline 2300: tick 3
@@ -767,14 +758,8 @@ fn elements_of_one_tick_expire_their_keys_at_the_deadline_the_key_has_now() {
 /// exactly the alive keys, by key and by service, and a key registered again is listed once.
 #[test]
 fn keys_waiting_to_leave_the_listing_are_never_listed() {
-    let config = |max_ttl_s| RegistryConfig {
-        max_ttl_s,
-        shards: 1,
-        guard: GuardConfig::off(),
-        ..RegistryConfig::default()
-    };
     for registers_first in [false, true] {
-        let mut harness = Harness::with_config(config(60));
+        let mut harness = one_shard(60);
         for n in 0..1000 {
             let service = if n % 2 == 0 { "a" } else { "b" };
             harness.heartbeat_in(&format!("long{n:04}"), 60_000, Some(service));

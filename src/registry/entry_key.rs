@@ -87,18 +87,6 @@ impl EntryKey {
         }
     }
 
-    /// The key and its metadata, taking them.
-    pub fn into_parts(self) -> (Key, Option<Meta>) {
-        match self {
-            Self::Plain(key) => (key, None),
-            Self::Mid { .. } => (self.rebuilt(), None),
-            Self::WithMeta(boxed) => {
-                let (key, meta) = *boxed;
-                (key, Some(meta))
-            }
-        }
-    }
-
     /// The key without its metadata, and the metadata.
     pub fn without_meta(self) -> (Self, Option<Meta>) {
         match self {
@@ -189,7 +177,8 @@ mod tests {
                 assert!(entry_key.is(&key));
                 assert_eq!(entry_key.to_key(), key);
                 assert_eq!(entry_key.as_bytes(), key.as_bytes());
-                assert_eq!(entry_key.into_parts(), (key.clone(), None));
+                let (without, meta) = entry_key.without_meta();
+                assert!(without.is(&key) && meta.is_none());
             }
         }
     }
@@ -221,11 +210,10 @@ mod tests {
             entry_key.meta().map(|meta| meta.raw().get()),
             Some(r#"{"zone":"b"}"#)
         );
-        let (back, kept) = EntryKey::from_owned(key.clone(), Some(meta("{}"))).into_parts();
-        assert_eq!(
-            (back, kept.as_ref().map(|meta| meta.raw().get())),
-            (key.clone(), Some("{}"))
-        );
+        let (back, kept) = EntryKey::from_owned(key.clone(), Some(meta("{}"))).without_meta();
+        back.check_form();
+        assert!(matches!(back, EntryKey::Mid { .. }) && back.is(&key));
+        assert_eq!(kept.as_ref().map(|meta| meta.raw().get()), Some("{}"));
         entry_key.set_meta(None);
         entry_key.check_form();
         assert!(matches!(entry_key, EntryKey::Mid { .. }));

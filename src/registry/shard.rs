@@ -1117,25 +1117,29 @@ impl Shard {
         let Some((expired_unix_ms, last_heartbeat_unix_ms)) = expired else {
             return;
         };
-        let was_alive = entry.is_some();
-        let (service, meta) = match entry {
-            Some(entry) => (entry.service, entry.key.into_parts().1),
-            // Already expired in the snapshot this replay started from: keep what it listed.
-            None => match self.expired.get(key, hash) {
-                Some(record) => (record.service, record.meta.clone()),
-                None => (ServiceId::NONE, None),
-            },
-        };
-        let record = ExpiredRecord {
+        let record = |service, meta| ExpiredRecord {
             service,
             meta,
             last_heartbeat_unix_ms,
             expired_unix_ms,
         };
-        if was_alive {
-            self.expired.record_first(key.clone(), hash, record);
-        } else {
-            self.expired.record(key.clone(), hash, record);
+        match entry {
+            // The entry's key moves into the log, as a live expiry's does: a key of up to 30
+            // bytes is not made a `Key` (an allocation) to be dropped or copied back.
+            Some(entry) => {
+                let (entry_key, meta) = entry.key.without_meta();
+                let record = record(entry.service, meta);
+                self.expired.record_expiry(entry_key, hash, record);
+            }
+            // Already expired in the snapshot this replay started from: keep what it listed.
+            None => {
+                let (service, meta) = match self.expired.get(key, hash) {
+                    Some(record) => (record.service, record.meta.clone()),
+                    None => (ServiceId::NONE, None),
+                };
+                self.expired
+                    .record(key.clone(), hash, record(service, meta));
+            }
         }
     }
 

@@ -81,10 +81,25 @@ fn a_heartbeat_after_the_restart_makes_the_key_an_ordinary_one() {
     assert!(!expired[0].restored, "renewed after the restart");
 }
 
+/// Replayed expiries move their keys from the entries to the expired list, with the metadata
+/// they had: a short key with metadata, and a fleet name (27 bytes, kept inline) without.
 #[test]
 fn deletions_and_expiries_replay_and_the_expired_list_comes_back() {
     let harness = Harness::new(60);
     let restart = harness.now();
+    let fleet_name = "svc-042/instance-0000000042";
+    let without_meta = |key: &str| match state(key, Expiry::Relative { ttl_ms: 5_000 }) {
+        Record::Upsert(state) => Record::Upsert(KeyState {
+            meta: None,
+            ..state
+        }),
+        _ => unreachable!("state() makes an upsert"),
+    };
+    let expired = |key: &str| Record::Expired {
+        key: key_of(key),
+        at_unix_ms: UNIX_AT_EPOCH - 200,
+        last_heartbeat_unix_ms: UNIX_AT_EPOCH - 5_200,
+    };
     for record in [
         state("deleted", Expiry::Relative { ttl_ms: 5_000 }),
         Record::Deleted {
@@ -92,20 +107,24 @@ fn deletions_and_expiries_replay_and_the_expired_list_comes_back() {
             at_unix_ms: UNIX_AT_EPOCH - 500,
         },
         state("expired", Expiry::Relative { ttl_ms: 5_000 }),
-        Record::Expired {
-            key: key_of("expired"),
-            at_unix_ms: UNIX_AT_EPOCH - 200,
-            last_heartbeat_unix_ms: UNIX_AT_EPOCH - 5_200,
-        },
+        expired("expired"),
+        without_meta(fleet_name),
+        expired(fleet_name),
     ] {
         harness.registry.restore(record, restart);
     }
-    assert!(!harness.alive("deleted") && !harness.alive("expired"));
+    assert!(!harness.alive("deleted") && !harness.alive("expired") && !harness.alive(fleet_name));
     let (listed, _) = harness.registry.list_expired(&Default::default(), 10);
-    assert_eq!(listed.len(), 1);
-    assert_eq!(listed[0].key.as_str(), "expired");
-    assert_eq!(listed[0].service.as_ref().unwrap().as_str(), "api");
-    assert_eq!(listed[0].expired_at_ms, UNIX_AT_EPOCH - 200);
+    let keys: Vec<&str> = listed.iter().map(|view| view.key.as_str()).collect();
+    assert_eq!(keys, ["expired", fleet_name]);
+    for view in &listed {
+        assert_eq!(view.service.as_ref().unwrap().as_str(), "api");
+        assert_eq!(view.expired_at_ms, UNIX_AT_EPOCH - 200);
+        assert_eq!(view.last_heartbeat_at_ms, UNIX_AT_EPOCH - 5_200);
+    }
+    let zone = listed[0].meta.as_ref().map(|meta| meta.raw().get());
+    assert_eq!(zone, Some(r#"{"zone":"a"}"#));
+    assert!(listed[1].meta.is_none());
     harness.registry.check_invariants();
 }
 

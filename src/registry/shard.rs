@@ -1117,18 +1117,19 @@ impl Shard {
         let Some((expired_unix_ms, last_heartbeat_unix_ms)) = expired else {
             return;
         };
-        let record = |service, meta| ExpiredRecord {
+        let record_of = |service, meta| ExpiredRecord {
             service,
             meta,
             last_heartbeat_unix_ms,
             expired_unix_ms,
         };
         match entry {
-            // The entry's key moves into the log, as a live expiry's does: a key of up to 30
-            // bytes is not made a `Key` (an allocation) to be dropped or copied back.
+            // The entry's key moves into the log, as a live expiry's does: no `Key` is made of
+            // it to be dropped, and the record's key is not cloned (for a name of 25-30 bytes,
+            // each was an allocation).
             Some(entry) => {
                 let (entry_key, meta) = entry.key.without_meta();
-                let record = record(entry.service, meta);
+                let record = record_of(entry.service, meta);
                 self.expired.record_expiry(entry_key, hash, record);
             }
             // Already expired in the snapshot this replay started from: keep what it listed.
@@ -1138,7 +1139,7 @@ impl Shard {
                     None => (ServiceId::NONE, None),
                 };
                 self.expired
-                    .record(key.clone(), hash, record(service, meta));
+                    .record(key.clone(), hash, record_of(service, meta));
             }
         }
     }

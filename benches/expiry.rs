@@ -455,31 +455,42 @@ fn subjects(keys: &Arc<Vec<Key>>) -> Vec<(&'static str, Maker)> {
     ]
 }
 
-/// Runs `iters` renewals over `threads` threads, each cycling through its share of `order`;
-/// returns the wall time.
+/// Where the renewals have got to in `order`, and the simulated time: each key is renewed once
+/// per pass over `order`, a pass takes one heartbeat interval of simulated time, and the next
+/// call goes on from here. So every key is renewed once per interval, as a fleet renews, none
+/// expires, and each key leaves stale timer entries behind at the rate a fleet does.
+#[derive(Default)]
+struct RenewalState {
+    now_us: u64,
+    cursor: usize,
+}
+
+/// Runs `iters` renewals over `threads` threads, going on through `order` from `state` (thread
+/// `i` takes every `threads`-th key from the cursor, offset `i`); returns the wall time.
 fn run_renewals(
     subject: &Arc<dyn Subject>,
     order: &Arc<Vec<u32>>,
     threads: usize,
     iters: u64,
-    start_us: &mut u64,
+    state: &mut RenewalState,
 ) -> Duration {
     let barrier = Arc::new(Barrier::new(threads + 1));
-    let per_thread = iters.div_ceil(threads as u64);
-    let share = order.len() / threads;
+    let per_thread = iters.div_ceil(threads as u64) as usize;
+    let n = order.len();
+    let first = state.cursor;
     let handles: Vec<_> = (0..threads)
         .map(|thread_idx| {
             let subject = Arc::clone(subject);
             let barrier = Arc::clone(&barrier);
             let order = Arc::clone(order);
-            let start = *start_us;
+            let start = state.now_us;
             std::thread::spawn(move || {
-                let mine = &order[thread_idx * share..(thread_idx + 1) * share];
                 // Each thread sees time advance at the rate of all threads together.
-                let mut clock = SimClock::new(share, start);
+                let mut clock = SimClock::new(n / threads, start);
                 barrier.wait();
-                for i in 0..per_thread as usize {
-                    subject.renew(mine[i % share] as usize, clock.now_us);
+                for i in 0..per_thread {
+                    let at = (first + i * threads + thread_idx) % n;
+                    subject.renew(order[at] as usize, clock.now_us);
                     if clock.step() && thread_idx == 0 {
                         subject.tick(clock.now_us);
                     }
@@ -495,8 +506,19 @@ fn run_renewals(
         .map(|handle| handle.join().unwrap())
         .collect();
     let elapsed = started.elapsed();
-    *start_us = ends.into_iter().max().unwrap_or(*start_us);
+    state.now_us = ends.into_iter().max().unwrap_or(state.now_us);
+    state.cursor = (first + per_thread * threads) % n;
     elapsed
+}
+
+/// Brings a freshly filled subject to a fleet's steady state before it is measured: passes over
+/// every key until the prefill's deadlines and the first passes' stale timer entries have come
+/// due and been swept (TTL + one interval of simulated time). Without it a run at 10M keys
+/// (1 us of simulated time per renewal) covered a few simulated seconds and never swept a
+/// stale entry, which a real fleet's renewals pay for (BENCHMARKS.md, fourteenth session).
+fn settle(subject: &Arc<dyn Subject>, order: &Arc<Vec<u32>>, state: &mut RenewalState) {
+    let passes = TTL_MS * 1000 / HEARTBEAT_INTERVAL_US + 1;
+    run_renewals(subject, order, 2, passes * order.len() as u64, state);
 }
 
 /// Whether `TTLWHEEL_BENCH_SUBJECTS` (comma-separated structure names; all when unset) names
@@ -520,11 +542,12 @@ fn renew(c: &mut Criterion) {
                 continue; // not even built: a 10M-key structure takes a while to fill
             }
             let subject: Arc<dyn Subject> = Arc::from(make());
-            let mut now_us = 0;
+            let mut state = RenewalState::default();
+            settle(&subject, &order, &mut state);
             for threads in [1, 2] {
                 group.bench_function(BenchmarkId::new(name, format!("{threads}t")), |b| {
                     b.iter_custom(|iters| {
-                        run_renewals(&subject, &order, threads, iters, &mut now_us)
+                        run_renewals(&subject, &order, threads, iters, &mut state)
                     })
                 });
             }

@@ -291,6 +291,14 @@ impl TimingWheel {
         marks.is_marked(pos)
     }
 
+    /// How many of the `len` elements from `first_pos` of `tick`'s bucket (held, or the one
+    /// last detached) are marked stale.
+    pub fn count_marked_stale(&self, tick: Tick, first_pos: usize, len: usize) -> usize {
+        (first_pos..first_pos + len)
+            .filter(|&pos| self.is_marked_stale(tick, pos as u32))
+            .count()
+    }
+
     fn marks_mut(&mut self, tick: Tick) -> Option<&mut StaleMarks> {
         if self.holds(tick) {
             let bucket_idx = self.bucket_idx(tick);

@@ -683,7 +683,17 @@ impl Shard {
         let mut n_expired = 0;
         // A sweeper that reaches the tick after its second expires each key it hands over.
         let late = tick_end_ms <= now_ms;
-        let removals = if late { elements.len() } else { 0 };
+        // Not the elements marked stale: a renewing fleet's bucket is mostly those, and taken
+        // for removals they made a late tick's few expiries look like a mass expiry (a pass
+        // over the listing, room for events never sent). Unmarked stale ones still count.
+        let removals = if late {
+            let marked = self
+                .wheel
+                .count_marked_stale(tick, first_pos, elements.len());
+            elements.len() - marked
+        } else {
+            0
+        };
         self.begin_mass_removal(removals, removals, ctx);
         for (pos, &element) in (first_pos..).zip(elements) {
             let (slot, pos) = (element.slot(), pos as u32);

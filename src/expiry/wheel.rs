@@ -25,8 +25,8 @@
 //! place rather than remove it (see `registry::shard` for when and why). The owner marks the
 //! position it leaves ([`TimingWheel::mark_stale`]), one bit per position beside the bucket, so
 //! that the sweeper drops a marked element without reading its key's entry. With the reads,
-//! the sweep was 3-8 % of a renewing fleet's cycles at 100k-1M keys, and renewals took 7-20 %
-//! longer (BENCHMARKS.md, fifteenth session). The bits of a bucket are 1/48 of its elements'
+//! the sweep was 3-8 % of a renewing fleet's cycles at 100k-1M keys, and a renewal took 5-24 %
+//! longer at 10k-1M (BENCHMARKS.md, fifteenth session). The bits of a bucket are 1/48 of its elements'
 //! bytes, and a fleet's renewals set those of one bucket at a time (the one their previous
 //! deadlines fall in), so the bits being written stay in the cache. An element that is not
 //! marked may still be stale (its key's entry says so): a mark is a shortcut, never the only

@@ -19,7 +19,8 @@
 //!   most one wheel bucket and at most once in the heap; a current wheel element carries its
 //!   key's deadline (see `expiry::wheel::Element`);
 //! - a bucket's element whose entry is gone, or is scheduled at another tick or position, is
-//!   stale and skipped by the sweeper; `n_stale` counts them (see `Shard::unschedule`);
+//!   stale and skipped by the sweeper; `n_stale` counts them (see `Shard::unschedule`); an
+//!   element the wheel has marked stale is one;
 //! - `ordered` holds exactly the alive keys (unless listing is off, or deferred during a
 //!   recovery), and the ids of `unlisted_later`, which `slots` holds unused until the listing
 //!   lets go of them; `alive_by_service[s]` counts the alive keys per service;
@@ -682,10 +683,24 @@ impl Shard {
         let mut n_expired = 0;
         // A sweeper that reaches the tick after its second expires each key it hands over.
         let late = tick_end_ms <= now_ms;
-        let removals = if late { elements.len() } else { 0 };
+        // Not the elements marked stale: a renewing fleet's bucket is mostly those, and taken
+        // for removals they made a late tick's few expiries look like a mass expiry (a pass
+        // over the listing, room for events never sent). Unmarked stale ones still count.
+        let removals = if late {
+            let marked = self
+                .wheel
+                .count_marked_stale(tick, first_pos, elements.len());
+            elements.len() - marked
+        } else {
+            0
+        };
         self.begin_mass_removal(removals, removals, ctx);
         for (pos, &element) in (first_pos..).zip(elements) {
             let (slot, pos) = (element.slot(), pos as u32);
+            if self.wheel.is_marked_stale(tick, pos) {
+                self.drop_stale();
+                continue;
+            }
             match element.deadline_ms(tick) {
                 Some(deadline_ms) if deadline_ms > now_ms => {
                     self.last.push(deadline_ms, HandedOver { slot, pos });
@@ -757,8 +772,10 @@ impl Shard {
         self.begin_mass_removal(due.len(), coming, ctx);
         let mut n_expired = 0;
         for &HandedOver { slot, pos } in &due {
-            let current = (self.slots.get(slot))
-                .is_some_and(|entry| entry.timer == TimerRef::wheel(tick, pos));
+            // Marked: left stale in its last second, after the hand-over.
+            let current = !self.wheel.is_marked_stale(tick, pos)
+                && (self.slots.get(slot))
+                    .is_some_and(|entry| entry.timer == TimerRef::wheel(tick, pos));
             if current {
                 self.due_in_second = self.due_in_second.saturating_sub(1);
                 n_expired += self.expire_wheel_key(slot, ctx, now_ms);
@@ -1477,7 +1494,8 @@ impl Shard {
     }
 
     /// `n_stale` counts exactly the wheel elements (held, detached and not yet handed over, or
-    /// in the last second and not yet processed) that are not their slot's current element.
+    /// in the last second and not yet processed) that are not their slot's current element,
+    /// and no current element is marked stale.
     fn check_stale_count(&self, detached: Option<(Tick, &[Element], usize)>) {
         let is_current = |tick: Tick, pos: usize, slot: SlotId| {
             self.slots.get(slot).is_some_and(|entry| {
@@ -1505,12 +1523,17 @@ impl Shard {
         let last_tick = self.last.tick();
         let last_second = (self.last.unprocessed())
             .map(|HandedOver { slot, pos }| (last_tick, pos as usize, slot));
-        let n_stale = held
-            .chain(unprocessed)
-            .chain(last_second)
-            .filter(|&(tick, pos, slot)| !is_current(tick, pos, slot))
-            .count();
+        let mut n_stale = 0;
+        for (tick, pos, slot) in held.chain(unprocessed).chain(last_second) {
+            let current = is_current(tick, pos, slot);
+            assert!(
+                !(current && self.wheel.is_marked_stale(tick, pos as u32)),
+                "slot {slot}'s current element at {tick}/{pos} is marked stale"
+            );
+            n_stale += usize::from(!current);
+        }
         assert_eq!(self.n_stale, n_stale, "n_stale");
+        self.wheel.check_invariants();
     }
 
     /// The slot of `key` if it is alive at `now_ms`, or held. A key whose deadline has passed is
@@ -1732,7 +1755,8 @@ impl Shard {
     /// A wheel element is normally left in its bucket as a stale element (counted in
     /// `n_stale`): removing it costs two random memory accesses (the hole in the bucket and the
     /// back-reference of the element moved into it), which is most of a renewal's cost once the
-    /// keys no longer fit in cache. The sweeper skips stale elements when their bucket comes due.
+    /// keys no longer fit in cache. The wheel marks the position left, and the sweeper drops
+    /// marked elements unread when their bucket comes due.
     /// A client that renews far more often than its TTL would pile up stale elements, so past
     /// `stale_per_key` per key the shard removes elements eagerly until the sweeper has caught up.
     fn unschedule(&mut self, slot: SlotId) {
@@ -1756,7 +1780,10 @@ impl Shard {
                     }
                 }
             }
-            Timer::Wheel { .. } => self.n_stale += 1,
+            Timer::Wheel { tick, pos } => {
+                self.wheel.mark_stale(tick, pos);
+                self.n_stale += 1;
+            }
             Timer::Heap => {
                 self.heap.remove(slot);
             }

@@ -684,8 +684,8 @@ impl Shard {
         // A sweeper that reaches the tick after its second expires each key it hands over.
         let late = tick_end_ms <= now_ms;
         // Not the elements marked stale: a renewing fleet's bucket is mostly those, and taken
-        // for removals they made a late tick's few expiries look like a mass expiry (a pass
-        // over the listing, room for events never sent). Unmarked stale ones still count.
+        // for removals they could make a late tick's few expiries pass for a mass expiry (a
+        // pass over the listing, room for events never sent). Unmarked stale ones still count.
         let removals = if late {
             let marked = self
                 .wheel

@@ -636,7 +636,7 @@ const PAIRED_TURN: u64 = 100_000;
 /// one compared; the sizes as for `renew/`).
 ///
 /// Why: `renew/` measures one structure for 2 s, then the next. On the 2-core VM this runs
-/// on, the ratio of two moved from 0.77 to 1.31 between runs of one binary (12 runs, 1M
+/// on, the ratio of two moved from 0.77 to 1.31 between runs of one binary (10 runs, 1M
 /// keys), far more than the differences it was asked to judge. Here the structures take turns,
 /// [`PAIRED_TURN`] renewals each, all in their steady state (as in `renew/`: [`settle`] first,
 /// and a turn goes on where the last left off), so a slow spell of the host falls on all. The

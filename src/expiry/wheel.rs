@@ -26,9 +26,9 @@
 //! position it leaves ([`TimingWheel::mark_stale`]), one bit per position beside the bucket, so
 //! that the sweeper drops a marked element without reading its key's entry. With the reads,
 //! the sweep was 3-8 % of a renewing fleet's cycles at 100k-1M keys, and a renewal took 5-24 %
-//! longer at 10k-1M (BENCHMARKS.md, fifteenth session). The bits of a bucket are 1/48 of its elements'
-//! bytes, and a fleet's renewals set those of one bucket at a time (the one their previous
-//! deadlines fall in), so the bits being written stay in the cache. An element that is not
+//! longer at 10k-1M (BENCHMARKS.md, fifteenth session). The bits of a bucket are 1/48 of its
+//! elements' bytes, and a fleet's renewals set those of one bucket at a time (the one their
+//! previous deadlines fall in), so the bits being written stay in the cache. An element that is not
 //! marked may still be stale (its key's entry says so): a mark is a shortcut, never the only
 //! word.
 //!
@@ -134,10 +134,10 @@ impl StaleMarks {
         }
     }
 
-    fn mark(&mut self, pos: u32) {
+    fn set(&mut self, pos: u32, marked: bool) {
         let (word, bit) = Self::word_and_bit(pos);
         if let Some(word) = self.words.get_mut(word) {
-            *word |= bit;
+            *word = if marked { *word | bit } else { *word & !bit };
         }
     }
 
@@ -149,14 +149,8 @@ impl StaleMarks {
     /// The element at `from` (the last position) moved to `pos`: its mark goes with it.
     fn move_mark(&mut self, from: u32, pos: u32) {
         let moved = self.is_marked(from);
-        let (from_word, from_bit) = Self::word_and_bit(from);
-        if let Some(word) = self.words.get_mut(from_word) {
-            *word &= !from_bit;
-        }
-        let (word, bit) = Self::word_and_bit(pos);
-        if let Some(word) = self.words.get_mut(word) {
-            *word = if moved { *word | bit } else { *word & !bit };
-        }
+        self.set(from, false);
+        self.set(pos, moved);
     }
 
     /// Lets go of the words past a bucket of `len` elements (all clear) and of spare capacity.
@@ -274,31 +268,39 @@ impl TimingWheel {
     /// `pos`.
     pub fn mark_stale(&mut self, tick: Tick, pos: u32) {
         if let Some(marks) = self.marks_mut(tick) {
-            marks.mark(pos);
+            marks.set(pos, true);
         }
     }
 
     /// Whether the element at `pos` of `tick`'s bucket (held, or the one last detached) was
     /// marked stale. `false` says nothing: an element may be stale unmarked.
     pub fn is_marked_stale(&self, tick: Tick, pos: u32) -> bool {
-        let marks = if self.holds(tick) {
-            &self.marks[self.bucket_idx(tick)]
-        } else if tick == self.swept_through {
-            &self.detached_marks
-        } else {
-            return false;
-        };
-        marks.is_marked(pos)
+        self.marks(tick).is_some_and(|marks| marks.is_marked(pos))
     }
 
     /// How many of the `len` elements from `first_pos` of `tick`'s bucket (held, or the one
     /// last detached) are marked stale.
     pub fn count_marked_stale(&self, tick: Tick, first_pos: usize, len: usize) -> usize {
+        let Some(marks) = self.marks(tick) else {
+            return 0;
+        };
         (first_pos..first_pos + len)
-            .filter(|&pos| self.is_marked_stale(tick, pos as u32))
+            .filter(|&pos| marks.is_marked(pos as u32))
             .count()
     }
 
+    /// The marks of `tick`'s bucket: held, or the one last detached.
+    fn marks(&self, tick: Tick) -> Option<&StaleMarks> {
+        if self.holds(tick) {
+            Some(&self.marks[self.bucket_idx(tick)])
+        } else if tick == self.swept_through {
+            Some(&self.detached_marks)
+        } else {
+            None
+        }
+    }
+
+    /// [`Self::marks`], to change.
     fn marks_mut(&mut self, tick: Tick) -> Option<&mut StaleMarks> {
         if self.holds(tick) {
             let bucket_idx = self.bucket_idx(tick);

@@ -3,8 +3,9 @@
 //! Callers append under their own lock (a shard's), so one key's records reach the log in the
 //! order its operations happened; an append only frames the records into a shared buffer and
 //! returns the log sequence number ([`Lsn`]) of the last one. A single flusher thread (file I/O
-//! blocks, so it is a thread, not a task) takes everything buffered at once, writes it with one
-//! `write`, and syncs it to disk as the [`FsyncMode`] says:
+//! blocks, so it is a thread, not a task) takes everything buffered at once, fills in its
+//! frames' checksums (not computed under the appenders' locks), writes it with one `write`, and
+//! syncs it to disk as the [`FsyncMode`] says:
 //! - `Always`: after every write, before anything written is reported durable. Requests that
 //!   must be on disk before they are answered wait for [`Journal::durable`] to reach their LSN;
 //!   all the requests buffered while one sync runs share the next one (group commit).
@@ -17,7 +18,7 @@
 //! need durability until a write succeeds again.
 //!
 //! Invariants: LSNs are consecutive from the journal's start; `durable <= appended`; the file
-//! holds whole frames only, in LSN order.
+//! holds whole, sealed frames only, in LSN order; the buffer holds whole frames only.
 
 use std::fs::File;
 use std::io::Write;
@@ -29,7 +30,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use tokio::sync::watch;
 
-use super::log::{frame, LOG_MAGIC};
+use super::log::{frame_unsealed, seal_frames, LOG_MAGIC};
 use super::record::Record;
 
 /// A log sequence number: records are numbered from 1 in the order they were appended; 0 is
@@ -158,14 +159,15 @@ impl Journal {
     }
 
     /// Frames `records` into the buffer; returns the LSN of the last one (the current last LSN
-    /// when `records` is empty). Never blocks on I/O.
+    /// when `records` is empty). Never blocks on I/O. The frames' checksums are left to the
+    /// flusher (see `log::frame_unsealed`).
     pub fn append(&self, records: &[Record]) -> Lsn {
         let mut pending = self.shared.pending.lock();
         // Framing under the lock costs about what copying a pre-framed buffer would, without
         // the allocation.
         let before = pending.bytes.len();
         for record in records {
-            frame(record, &mut pending.bytes);
+            frame_unsealed(record, &mut pending.bytes);
         }
         pending.appended += records.len() as Lsn;
         let lsn = pending.appended;
@@ -374,6 +376,9 @@ fn flush_loop(shared: &Shared, mut segment: Segment, mode: FsyncMode) -> std::io
                 pending.rotation.take(),
             )
         };
+        // Before anything is written: bytes put back after a failed write are sealed again
+        // with the newer ones, which changes nothing in them.
+        seal_frames(&mut bytes);
         if let Some(rotation) = rotation {
             let unwritten = rotate(shared, &mut segment, rotation, bytes);
             let mut pending = shared.pending.lock();

@@ -36,8 +36,7 @@ impl ServiceId {
         self.0 as usize
     }
 
-    /// The id at `index` (tests build indexes without a table).
-    #[cfg(test)]
+    /// The id at `index` (of a table of counts by index, or a test's).
     pub fn from_index(index: u16) -> Self {
         Self(index)
     }

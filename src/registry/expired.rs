@@ -288,6 +288,11 @@ impl ExpiredLog {
         if self.tail_may_supersede {
             self.catch_up();
         }
+        self.nonzero_counts()
+    }
+
+    /// The services with current records, and how many each.
+    fn nonzero_counts(&self) -> impl Iterator<Item = (ServiceId, u32)> + '_ {
         (self.by_service.iter().enumerate())
             .filter(|&(_, &count)| count > 0)
             .map(|(index, &count)| (ServiceId::from_index(index as u16), count))
@@ -394,10 +399,7 @@ impl ExpiredLog {
                 "a table element names a superseded record"
             );
         }
-        let kept: HashMap<ServiceId, u32> = (self.by_service.iter().enumerate())
-            .filter(|&(_, &count)| count > 0)
-            .map(|(index, &count)| (ServiceId::from_index(index as u16), count))
-            .collect();
+        let kept: HashMap<ServiceId, u32> = self.nonzero_counts().collect();
         assert_eq!(kept, counts, "the expired log's per-service counts");
     }
 

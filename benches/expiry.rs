@@ -585,11 +585,23 @@ fn settle(subject: &Arc<dyn Subject>, order: &Arc<Vec<u32>>, state: &mut Renewal
     run_renewals(subject, order, 2, passes * order.len() as u64, state);
 }
 
-/// Whether `TTLWHEEL_BENCH_SUBJECTS` (comma-separated structure names; all when unset) names
-/// the structure.
+/// The structures `TTLWHEEL_BENCH_SUBJECTS` names (comma-separated; `None` when unset). A name
+/// that is none of [`subjects`]' stops the run: a misspelt one once measured nothing, silently.
+fn chosen_subjects() -> Option<Vec<String>> {
+    let names = std::env::var("TTLWHEEL_BENCH_SUBJECTS").ok()?;
+    let known: Vec<&str> = (subjects(&Arc::new(Vec::new())).into_iter())
+        .map(|(name, _)| name)
+        .collect();
+    let names: Vec<String> = names.split(',').map(str::to_owned).collect();
+    if let Some(unknown) = names.iter().find(|name| !known.contains(&name.as_str())) {
+        panic!("TTLWHEEL_BENCH_SUBJECTS: no structure {unknown:?}; the structures: {known:?}");
+    }
+    Some(names)
+}
+
+/// Whether `TTLWHEEL_BENCH_SUBJECTS` (all when unset) names the structure.
 fn wanted(name: &str) -> bool {
-    std::env::var("TTLWHEEL_BENCH_SUBJECTS")
-        .map_or(true, |names| names.split(',').any(|wanted| wanted == name))
+    chosen_subjects().is_none_or(|names| names.iter().any(|wanted| wanted == name))
 }
 
 fn renew(c: &mut Criterion) {
@@ -647,10 +659,7 @@ const PAIRED_TURN: u64 = 100_000;
 fn renew_paired() {
     let rounds = env_count("TTLWHEEL_BENCH_ROUNDS", 40);
     let threads = env_count("TTLWHEEL_BENCH_THREADS", 1);
-    let names: Vec<String> = match std::env::var("TTLWHEEL_BENCH_SUBJECTS") {
-        Ok(names) => names.split(',').map(str::to_owned).collect(),
-        Err(_) => PAIRED.map(str::to_owned).to_vec(),
-    };
+    let names = chosen_subjects().unwrap_or_else(|| PAIRED.map(str::to_owned).to_vec());
     for (n, label) in sizes() {
         let keys = keys(n);
         let order = permutation(n);

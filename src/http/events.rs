@@ -10,7 +10,7 @@
 //!
 //! Cost per client: the frames come from the ring already encoded (once, for every client), a
 //! client is woken at most once per `stream::WAKE_INTERVAL` while events keep coming (at once
-//! while they are sparse: `stream::wake`), and each
+//! while they are sparse for the clients connected: `stream::wake`), and each
 //! wake-up sends everything it has as one chunk (one write). A client that does not read costs
 //! nothing once its socket is full: the server stops polling its stream until it drains.
 

@@ -494,6 +494,7 @@ pub async fn feed(mut events: EventReceiver, hub: Arc<EventHub>, observe: impl F
                 }
                 more_queued = batch.len() == BATCH;
                 batch.iter().for_each(&observe);
+                pacer.set_clients(hub.clients());
                 let due = match catching_up {
                     true => pacer.appended_gathered(Instant::now(), batch.len()),
                     false => pacer.appended(Instant::now()),
@@ -759,6 +760,54 @@ mod tests {
         latest.changed().await.unwrap();
         assert_eq!(*latest.borrow_and_update(), 121);
         assert_eq!(published_at.elapsed(), Duration::ZERO);
+        feeder.abort();
+    }
+
+    /// Paused time. With 1,000 clients connected, 300 events a second (the rate issue 27
+    /// measures delivery at) turn the feed busy: after the first two, the clients are woken
+    /// once per interval, each event within one; with none connected, each event at once (the
+    /// test above, at 200 a second).
+    #[tokio::test(start_paused = true)]
+    async fn a_thousand_clients_are_woken_once_per_interval_at_300_events_a_second() {
+        let bus = crate::events::EventBus::default();
+        let hub = Arc::new(EventHub::new(10_000, usize::MAX));
+        let _clients: Vec<ClientGuard> = (0..1000).map(|_| hub.client()).collect();
+        let feeder = tokio::spawn(feed(bus.subscribe(), Arc::clone(&hub), |_| {}));
+        let watcher = watch_wakes(&hub, 60);
+        let mut published = Vec::new();
+        for n in 1..=60 {
+            published.push(Instant::now());
+            bus.publish(vec![event(n)]);
+            tokio::time::sleep(Duration::from_micros(10_000 / 3)).await;
+        }
+        let wakes = watcher.await.unwrap();
+        assert_eq!(
+            wakes[..2],
+            [(published[0], 1), (published[1], 2)],
+            "{wakes:?}"
+        );
+        assert!(
+            wakes[2..]
+                .windows(2)
+                .all(|w| w[1].0 - w[0].0 >= WAKE_INTERVAL),
+            "{wakes:?}"
+        );
+        let took = *published.last().unwrap() - published[0];
+        assert!(
+            wakes.len() as u128 <= 2 + took.as_millis() / WAKE_INTERVAL.as_millis() + 1,
+            "{} wake-ups in {took:?}",
+            wakes.len()
+        );
+        let mut told = 0;
+        for &(at, seq) in &wakes {
+            let oldest_new = published[told as usize];
+            assert!(
+                at - oldest_new <= WAKE_INTERVAL,
+                "event {} told at {at:?}",
+                told + 1
+            );
+            told = seq;
+        }
         feeder.abort();
     }
 

@@ -10,7 +10,8 @@
 //!
 //! Cost per client: the frames come from the ring already encoded (once, for every client), a
 //! client is woken at most once per `stream::WAKE_INTERVAL` while events keep coming (at once
-//! while they are sparse for the clients connected: `stream::wake`), and each
+//! while they are sparse for the clients connected: `stream::wake`), from its own serving
+//! thread (`stream::relay`), and each
 //! wake-up sends everything it has as one chunk (one write). A client that does not read costs
 //! nothing once its socket is full: the server stops polling its stream until it drains.
 
@@ -161,7 +162,7 @@ pub async fn events_stream(
         streaming: false,
         dropped: false,
         marks_told: hub.marks_placed(),
-        latest: hub.subscribe_latest(),
+        latest: crate::stream::relay::subscribe(&hub),
         closing: hub.subscribe_closing(),
         _counted: hub.client(),
         hub,

@@ -24,6 +24,7 @@
 
 pub mod compact;
 pub mod log_ids;
+pub mod relay;
 mod ring;
 pub mod wake;
 

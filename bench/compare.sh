@@ -10,6 +10,11 @@
 # SOAK_DURATION (10m), SOAK_KEYS (100000), STORM_KEYS (1000000), STORM_LIVE_RATE (10000 heartbeats/s
 # beside the storm, open loop), WEBHOOK_BATCH_MAX (100, the batched storm), ETCD_LEASES (10000), OUT.
 #
+# Redis runs twice: under redis-benchmark (the usual figure), and under ttlwheel-load's redis-set
+# mode, the same client and key names as ttlwheel's runs (a second Redis, preloaded with those
+# names), so that one ratio compares the servers with nothing else changed: on 2 cores the client
+# shares the machine, and redis-benchmark costs more CPU per request than ttlwheel-load.
+#
 # Latency is also measured open loop (ttlwheel-load --rate: requests on a fixed schedule, latency
 # from each scheduled time, as wrk2 does) at 50% and 80% of Redis's measured closed-loop maximum,
 # ttlwheel and Redis (redis-set mode) in turn. The tool's timer has a 1 ms grain, so open-loop
@@ -31,7 +36,7 @@ STREAM_CLIENTS=${STREAM_CLIENTS:-1000}
 PROFILE=${PROFILE:-1}
 OUT=${OUT:-target/bench-compare}
 TTL_S=30
-TW_PORT=17878 TW1_PORT=17879 RECEIVER=127.0.0.1:19797 REDIS_PORT=16379 ETCD_PORT=12379 ETCD_PEER_PORT=12380
+TW_PORT=17878 TW1_PORT=17879 RECEIVER=127.0.0.1:19797 REDIS_PORT=16379 REDIS_TOOL_PORT=16380 ETCD_PORT=12379 ETCD_PEER_PORT=12380
 
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -116,6 +121,13 @@ rss0=$(rss_kb "$REDIS_PID")
 python3 bench/redis_keys.py "$KEYS" "$TTL_S" | redis-cli -p "$REDIS_PORT" --pipe >"$OUT/redis-preload.log"
 rss1=$(rss_kb "$REDIS_PID")
 REDIS_BYTES_PER_KEY=$(( (rss1 - rss0) * 1024 / KEYS ))
+say "redis, for ttlwheel-load's redis-set: registering $KEYS keys under the tool's names"
+redis-server --port "$REDIS_TOOL_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+    >"$OUT/redis-tool.log" 2>&1 &
+REDIS_TOOL_PID=$!
+PIDS+=("$REDIS_TOOL_PID")
+for _ in $(seq 50); do redis-cli -p "$REDIS_TOOL_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+python3 bench/redis_keys.py "$KEYS" "$TTL_S" plain | redis-cli -p "$REDIS_TOOL_PORT" --pipe >"$OUT/redis-tool-preload.log"
 redis_bench() { # log name, extra flags
     # redis-benchmark runs a number of requests, not a time: aim at about $DURATION.
     local seconds rate=70000
@@ -142,6 +154,9 @@ for round in $(seq "$ROUNDS"); do
         $LOAD --target "127.0.0.1:$TW_PORT" heartbeat --keys "$KEYS" --prefix key: --ttl ${TTL_S}s \
         --connections "$CONNECTIONS" --duration "$DURATION" --no-preload >"$OUT/ttlwheel-heartbeat-$round.log"
     cpu_of "$REDIS_PID" "$OUT/redis-unpipelined-$round.cpu" redis_bench "redis-unpipelined-$round" ""
+    cpu_of "$REDIS_TOOL_PID" "$OUT/redis-tool-$round.cpu" \
+        $LOAD --target "127.0.0.1:$REDIS_TOOL_PORT" redis-set --keys "$KEYS" --prefix key: --ttl ${TTL_S}s \
+        --connections "$CONNECTIONS" --duration "$DURATION" >"$OUT/redis-tool-$round.log"
     $LOAD --target "127.0.0.1:$TW1_PORT" heartbeat --keys "$KEYS" --prefix key: --ttl ${TTL_S}s \
         --connections "$CONNECTIONS" --duration "$DURATION" --no-preload >"$OUT/ttlwheel-shared-heartbeat-$round.log"
     $LOAD --target "127.0.0.1:$TW_PORT" heartbeat --keys "$KEYS" --prefix key: --ttl ${TTL_S}s \
@@ -149,9 +164,9 @@ for round in $(seq "$ROUNDS"); do
     redis_bench "redis-pipelined-$round" "-P 16"
     $LOAD --target "127.0.0.1:$TW_PORT" batch --keys "$KEYS" --prefix key: --ttl ${TTL_S}s \
         --connections 4 --duration "$DURATION" --no-preload >"$OUT/ttlwheel-batch-$round.log"
-    grep -h -E "^(heartbeat|batch): " "$OUT/ttlwheel-heartbeat-$round.log" \
+    grep -h -E "^(heartbeat|batch|redis-set): " "$OUT/ttlwheel-heartbeat-$round.log" \
         "$OUT/ttlwheel-shared-heartbeat-$round.log" "$OUT/ttlwheel-minimal-heartbeat-$round.log" \
-        "$OUT/ttlwheel-batch-$round.log" >&2
+        "$OUT/ttlwheel-batch-$round.log" "$OUT/redis-tool-$round.log" >&2
     cut -d, -f1,2 "$OUT/redis-unpipelined-$round.csv" "$OUT/redis-pipelined-$round.csv" >&2
 done
 REDIS_MAX=$(python3 - "$OUT" "$ROUNDS" <<'PY'
@@ -167,13 +182,14 @@ for percent in 50 80; do
     say "open loop at $percent% of Redis's max: $rate requests/s"
     $LOAD --target "127.0.0.1:$TW_PORT" heartbeat --keys "$KEYS" --prefix key: --ttl ${TTL_S}s \
         --connections "$CONNECTIONS" --duration "$DURATION" --no-preload --rate "$rate" >"$OUT/ttlwheel-open-$percent.log"
-    $LOAD --target "127.0.0.1:$REDIS_PORT" redis-set --keys "$KEYS" --prefix key: --ttl ${TTL_S}s \
+    $LOAD --target "127.0.0.1:$REDIS_TOOL_PORT" redis-set --keys "$KEYS" --prefix key: --ttl ${TTL_S}s \
         --connections "$CONNECTIONS" --duration "$DURATION" --rate "$rate" >"$OUT/redis-open-$percent.log"
     grep -h "latency" "$OUT/ttlwheel-open-$percent.log" "$OUT/redis-open-$percent.log" >&2
 done
 stop "$TW_DEFAULT"
 stop "$TW_SHARED"
 stop "$REDIS_PID"
+stop "$REDIS_TOOL_PID"
 
 # The median over the rounds of a field of the tool's RESULT lines, or of a CSV column.
 median_result() { # log prefix, field
@@ -203,12 +219,15 @@ median_cpu_us() { # cpu file prefix
 TW_CPU_US=$(for round in $(seq "$ROUNDS"); do echo "rate $(result "$OUT/ttlwheel-heartbeat-$round.log" requests_per_s)"; done \
     | median_cpu_us ttlwheel-heartbeat)
 REDIS_CPU_US=$(for round in $(seq "$ROUNDS"); do echo "count $REDIS_REQUESTS"; done | median_cpu_us redis-unpipelined)
+REDIS_TOOL_CPU_US=$(for round in $(seq "$ROUNDS"); do echo "rate $(result "$OUT/redis-tool-$round.log" requests_per_s)"; done \
+    | median_cpu_us redis-tool)
 TW_HB=$(median_result ttlwheel-heartbeat requests_per_s)
 TW_SHARED_HB=$(median_result ttlwheel-shared-heartbeat requests_per_s)
 TW_MIN_HB=$(median_result ttlwheel-minimal-heartbeat requests_per_s)
 TW_BATCH=$(median_result ttlwheel-batch heartbeats_per_s)
 REDIS_HB=$(median_csv redis-unpipelined 1)
 REDIS_P16=$(median_csv redis-pipelined 1)
+REDIS_TOOL_HB=$(median_result redis-tool requests_per_s)
 
 # ---- etcd 3.4: keep-alive throughput and memory ----
 say "etcd: $ETCD_LEASES leases with a key each, keep-alive through the gateway"
@@ -287,6 +306,7 @@ row "ttlwheel | \`POST /v1/heartbeats/batch?results=errors\`, 1,000 per request 
 r="$OUT/redis-expiry.log" rl="$OUT/redis-expiry-live.log"
 REDIS_LATENESS="$(fmt "$(result "$r" lateness.p50)") / $(fmt "$(result "$r" lateness.p99)") ms; beside 90k live keys: $(fmt "$(result "$rl" lateness.p50)") / $(fmt "$(result "$rl" lateness.p99)") ms, $(result "$rl" missing) of 10,000 not expired after 60 s"
 row "Redis 7 | \`SET key val EX $TTL_S\` | $CONNECTIONS | $(fmt "$REDIS_HB") | $(fmt "$(median_csv redis-unpipelined 4)" 3) | $(fmt "$(median_csv redis-unpipelined 6)" 3) | $REDIS_BYTES_PER_KEY | $REDIS_LATENESS"
+row "Redis 7 under ttlwheel-load (ttlwheel's client) | \`SET key val EX $TTL_S\` | $CONNECTIONS | $(fmt "$REDIS_TOOL_HB") | $(median_ms redis-tool latency.p50) | $(median_ms redis-tool latency.p99) | (same) | (same)"
 row "Redis 7 | \`SET key val EX $TTL_S\`, \`-P 16\` | $CONNECTIONS | $(fmt "$REDIS_P16") | $(fmt "$(median_csv redis-pipelined 4)" 3) | $(fmt "$(median_csv redis-pipelined 6)" 3) | (same) | (same)"
 wrk_field() { awk -v k="$1" '$1 == k {print $2}' "$OUT/etcd-wrk.log" | head -1; }
 to_ms() { python3 -c "
@@ -296,7 +316,7 @@ for unit, factor in (('us', 0.001), ('ms', 1), ('s', 1000)):
         print(round(float(v[:-len(unit)]) * factor, 3)); break" "$1"; }
 e="$OUT/etcd-expiry.log"
 row "etcd 3.4 | \`POST /v3/lease/keepalive\` (gateway, wrk) | $CONNECTIONS | $(fmt "$(awk '/^Requests\/sec/ {print $2}' "$OUT/etcd-wrk.log")") | $(to_ms "$(wrk_field 50%)") | $(to_ms "$(wrk_field 99%)") | $ETCD_BYTES_PER_KEY (at $(fmt "$ETCD_LEASES") leases) | $(fmt "$(result "$e" lateness.p50)") / $(fmt "$(result "$e" lateness.p99)") ms"
-RATIOS="Ratios (medians of $ROUNDS alternating rounds): single heartbeat $(python3 -c "import sys; h, m, s, r = map(float, sys.argv[1:]); print(f'{h/r:.2f}x Redis ({m/r:.2f}x with return=minimal, {s/r:.2f}x with --serving shared; per-core/shared {h/s:.2f}x)')" "$TW_HB" "$TW_MIN_HB" "$TW_SHARED_HB" "$REDIS_HB"); batch $(python3 -c "import sys; print(f'{float(sys.argv[1])/float(sys.argv[2]):.1f}x Redis -P 16')" "$TW_BATCH" "$REDIS_P16"); memory $(python3 -c "import sys; print(f'{int(sys.argv[1])/int(sys.argv[2]):.2f}x Redis')" "$TW_BYTES_PER_KEY" "$REDIS_BYTES_PER_KEY")."
+RATIOS="Ratios (medians of $ROUNDS alternating rounds): single heartbeat $(python3 -c "import sys; h, m, s, r = map(float, sys.argv[1:]); print(f'{h/r:.2f}x Redis ({m/r:.2f}x with return=minimal, {s/r:.2f}x with --serving shared; per-core/shared {h/s:.2f}x)')" "$TW_HB" "$TW_MIN_HB" "$TW_SHARED_HB" "$REDIS_HB"), $(python3 -c "import sys; print(f'{float(sys.argv[1])/float(sys.argv[2]):.2f}x')" "$TW_HB" "$REDIS_TOOL_HB") Redis with the same client (ttlwheel-load); batch $(python3 -c "import sys; print(f'{float(sys.argv[1])/float(sys.argv[2]):.1f}x Redis -P 16')" "$TW_BATCH" "$REDIS_P16"); memory $(python3 -c "import sys; print(f'{int(sys.argv[1])/int(sys.argv[2]):.2f}x Redis')" "$TW_BYTES_PER_KEY" "$REDIS_BYTES_PER_KEY")."
 
 # ---- the table ----
 {
@@ -308,7 +328,7 @@ RATIOS="Ratios (medians of $ROUNDS alternating rounds): single heartbeat $(pytho
     echo
     echo "$RATIOS"
     echo
-    echo "Server CPU (user + system) per single heartbeat: ttlwheel $TW_CPU_US us, Redis \`SET EX\` $REDIS_CPU_US us (medians of the throughput rounds)."
+    echo "Server CPU (user + system) per single heartbeat: ttlwheel $TW_CPU_US us, Redis \`SET EX\` $REDIS_CPU_US us under redis-benchmark and $REDIS_TOOL_CPU_US us under ttlwheel-load (medians of the throughput rounds)."
     echo
     sed -n 's/^soak: /- soak: /p' "$OUT/ttlwheel-soak.log"
     for storm in "${STORMS[@]}"; do

@@ -87,6 +87,72 @@ async fn connections_on_different_serving_threads_share_keys_events_and_expiry()
     assert!(stream.ends().await, "the stream ends at the stop");
 }
 
+/// More stream clients than one relay group on each serving thread (`stream::relay`): every
+/// client gets every event, in order, through the relays' groups and their yields, while the
+/// requests that make the events are served on the same threads; and clients that come after
+/// the others left (the relays ended with their readers) get the events made after they came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_streams_on_both_serving_threads_get_every_event_in_order() {
+    const STREAMS: usize = 2 * ttlwheel::stream::relay::GROUP + 3;
+    const EVENTS: usize = 40;
+    let placement = Placement::per_core(2).expect("serving threads start");
+    let server = TestServer::with_placement(Config::ephemeral(), placement).await;
+    let mut streams = Vec::with_capacity(STREAMS);
+    for _ in 0..STREAMS {
+        streams.push(SseClient::connect_with(&own_connection(), &server, "", None).await);
+    }
+    let writers: Vec<reqwest::Client> = (0..2).map(|_| own_connection()).collect();
+    let made = async {
+        for index in 0..EVENTS {
+            let response = writers[index % 2]
+                .post(server.url("/v1/heartbeats"))
+                .json(&json!({"key": format!("m{index:02}"), "ttl_s": 60}))
+                .send()
+                .await
+                .expect("sent");
+            assert_eq!(response.status(), StatusCode::OK);
+        }
+    };
+    let heard = futures_util::future::join_all(streams.iter_mut().map(|stream| async move {
+        let mut keys = Vec::with_capacity(EVENTS);
+        for _ in 0..EVENTS {
+            let event = stream.next().await;
+            assert_eq!(event.event, "registered");
+            keys.push(event.data["key"].as_str().expect("a key").to_owned());
+        }
+        keys
+    }));
+    let ((), heard) = tokio::join!(made, heard);
+    let expected: Vec<String> = (0..EVENTS).map(|index| format!("m{index:02}")).collect();
+    for (client, keys) in heard.iter().enumerate() {
+        assert_eq!(keys, &expected, "client {client}");
+    }
+
+    // Every client leaves; an event with nobody to read it ends each thread's relay.
+    drop(streams);
+    let (status, _) = server
+        .post("/v1/heartbeats", json!({"key": "unread", "ttl_s": 60}))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let mut late = Vec::new();
+    for _ in 0..2 {
+        late.push(SseClient::connect_with(&own_connection(), &server, "", None).await);
+    }
+    let (status, _) = server
+        .post("/v1/heartbeats", json!({"key": "after", "ttl_s": 60}))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    for stream in &mut late {
+        let event = stream.next().await;
+        assert_eq!(
+            (event.event.as_str(), &event.data["key"]),
+            ("registered", &json!("after"))
+        );
+    }
+    let stopped = tokio::time::timeout(Duration::from_secs(20), server.shutdown()).await;
+    stopped.expect("stops in time").expect("stops cleanly");
+}
+
 /// Nanoseconds on a CPU of each of this process's threads named `ttlwheel-bulk-*`
 /// (`/proc/self/task/*/schedstat`, whose first field is that time).
 fn bulk_threads_cpu_ns() -> Vec<u64> {

@@ -26,6 +26,7 @@
 //!   (the thread-local below is that runtime's). Elsewhere readers wait on the hub directly.
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
@@ -49,7 +50,7 @@ struct Groups {
     /// Each group's channel; its value is the hub's `latest` as last passed on.
     senders: Mutex<Vec<watch::Sender<u64>>>,
     /// The value last passed on to every group, where a new group starts.
-    passed: Mutex<u64>,
+    passed: AtomicU64,
 }
 
 impl Groups {
@@ -59,7 +60,7 @@ impl Groups {
         if let Some(group) = senders.iter().find(|group| group.receiver_count() < GROUP) {
             return group.subscribe();
         }
-        let (sender, receiver) = watch::channel(*self.passed.lock());
+        let (sender, receiver) = watch::channel(self.passed.load(Ordering::Relaxed));
         senders.push(sender);
         receiver
     }
@@ -97,7 +98,7 @@ fn relay_for(hub: &Arc<EventHub>) -> Arc<Groups> {
             let upstream = hub.subscribe_latest();
             let groups = Arc::new(Groups {
                 senders: Mutex::default(),
-                passed: Mutex::new(*upstream.borrow()),
+                passed: AtomicU64::new(*upstream.borrow()),
             });
             tokio::spawn(relay(upstream, Arc::clone(&groups)));
             relays.push((Arc::downgrade(hub), Arc::downgrade(&groups)));
@@ -111,7 +112,7 @@ fn relay_for(hub: &Arc<EventHub>) -> Arc<Groups> {
 async fn relay(mut upstream: watch::Receiver<u64>, groups: Arc<Groups>) {
     while upstream.changed().await.is_ok() {
         let latest = *upstream.borrow_and_update();
-        *groups.passed.lock() = latest;
+        groups.passed.store(latest, Ordering::Relaxed);
         let mut readers = 0;
         let mut index = 0;
         while let Some(in_group) = groups.tell(index, latest) {

@@ -45,7 +45,7 @@ thread_local! {
 }
 
 /// A relay's readers, in groups of at most [`GROUP`].
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Groups {
     /// Each group's channel; its value is the hub's `latest` as last passed on.
     senders: Mutex<Vec<watch::Sender<u64>>>,

@@ -5,7 +5,9 @@
 //! itself is woken from the feed's thread, and tokio queues a task woken from outside its
 //! runtime by writing that runtime's eventfd: one system call per reader per wake-up. Measured
 //! (1,000 reading clients, 100 events/s, `perf stat`): 1.03M `write`s to the serving threads'
-//! eventfds beside the 0.99M `writev`s of the events, ~4 % of the server's CPU.
+//! eventfds beside the 0.99M `writev`s of the events, ~4 % of the server's samples (`perf
+//! record`). With the relay the server used 3 % less CPU at 100 events/s and 7 % less at 300
+//! (BENCHMARKS.md, eighteenth session).
 //!
 //! So each serving thread with readers has one relay: a task that waits on the hub's `latest`
 //! (one cross-thread wake-up per thread) and passes each new value on to the thread's readers,

@@ -84,6 +84,17 @@ start_ttlwheel() { # extra flags...
     wait_http "http://127.0.0.1:$TW_PORT/healthz"
 }
 
+# A Redis 7 on port $1 (no persistence), its log appended to $2, with any further flags; sets
+# REDIS_STARTED to its PID once it answers.
+start_redis() { # port, log, extra flags...
+    local port=$1 log=$2
+    shift 2
+    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no "$@" >>"$log" 2>&1 &
+    REDIS_STARTED=$!
+    PIDS+=("$REDIS_STARTED")
+    for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+}
+
 stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 
 fmt() { python3 -c "import sys; v=float(sys.argv[1]); print(f'{v:,.${2:-0}f}')" "$1"; }
@@ -112,21 +123,15 @@ TW_SHARED=$TW_PID
 $LOAD --target "127.0.0.1:$TW1_PORT" heartbeat --keys "$KEYS" --prefix key: --ttl ${TTL_S}s \
     --connections 1 --duration 1s --warmup 0s >"$OUT/ttlwheel-shared-preload.log" 2>&1
 say "redis: registering $KEYS keys"
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
-    --notify-keyspace-events Ex >"$OUT/redis.log" 2>&1 &
-REDIS_PID=$!
-PIDS+=("$REDIS_PID")
-for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+start_redis "$REDIS_PORT" "$OUT/redis.log" --notify-keyspace-events Ex
+REDIS_PID=$REDIS_STARTED
 rss0=$(rss_kb "$REDIS_PID")
 python3 bench/redis_keys.py "$KEYS" "$TTL_S" | redis-cli -p "$REDIS_PORT" --pipe >"$OUT/redis-preload.log"
 rss1=$(rss_kb "$REDIS_PID")
 REDIS_BYTES_PER_KEY=$(( (rss1 - rss0) * 1024 / KEYS ))
 say "redis, for ttlwheel-load's redis-set: registering $KEYS keys under the tool's names"
-redis-server --port "$REDIS_TOOL_PORT" --bind 127.0.0.1 --save '' --appendonly no \
-    >"$OUT/redis-tool.log" 2>&1 &
-REDIS_TOOL_PID=$!
-PIDS+=("$REDIS_TOOL_PID")
-for _ in $(seq 50); do redis-cli -p "$REDIS_TOOL_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+start_redis "$REDIS_TOOL_PORT" "$OUT/redis-tool.log"
+REDIS_TOOL_PID=$REDIS_STARTED
 python3 bench/redis_keys.py "$KEYS" "$TTL_S" plain | redis-cli -p "$REDIS_TOOL_PORT" --pipe >"$OUT/redis-tool-preload.log"
 redis_bench() { # log name, extra flags
     # redis-benchmark runs a number of requests, not a time: aim at about $DURATION.
@@ -287,11 +292,8 @@ if [ "$PROFILE" = 1 ]; then
 fi
 
 say "redis: expiry lateness (10,000 keys, no other keys; then beside 90,000 live keys)"
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
-    --notify-keyspace-events Ex >>"$OUT/redis.log" 2>&1 &
-REDIS_PID=$!
-PIDS+=("$REDIS_PID")
-for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+start_redis "$REDIS_PORT" "$OUT/redis.log" --notify-keyspace-events Ex
+REDIS_PID=$REDIS_STARTED
 $LOAD --target "127.0.0.1:$REDIS_PORT" redis-expiry --keys 10000 --live-keys 0 --ttl 5s \
     | tee "$OUT/redis-expiry.log" || true
 redis-cli -p "$REDIS_PORT" flushall >/dev/null
